@@ -20,7 +20,7 @@ from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIT, compose, run_
 from vitrel.train.hydra_callbacks import SweepSummary
 from vitrel.train.run import train
 from vitrel.train.sweep_plot import plot_rows
-from vitrel.train.sweep_table import summary_rows
+from vitrel.train.sweep_table import _eval_setting, summary_rows
 
 TINY = [*TINY_VIT, *(a for a in FAST if a != "progress_bar=none"), "trainer.max_epochs=1"]
 TINY += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
@@ -162,23 +162,35 @@ def test_an_eval_sweep_summarises_each_jobs_scores(tmp_path):
 
 
 def test_an_eval_sweep_over_a_sweeps_checkpoints_names_what_each_was_trained_with(tmp_path):
-    """``python eval.py -m ckpt_path=<sweep>/0,<sweep>/1 data.img_size=36``: the rows were labelled by checkpoint path
-    alone (which scheme is job 0?). Each row now holds the settings its training sweep varied (``trained``), read
-    from the checkpoint, in ``summary.csv``, the printed table and ``eval_metrics.json``."""
+    """``python eval.py -m ckpt_path=<sweep>/0,<sweep>/1,... data.img_size=36``: the rows were labelled by checkpoint
+    path alone (which scheme is job 0?). Each row now holds the settings its training sweep varied (``trained``),
+    read from the checkpoint, in ``summary.csv``, the printed table and ``eval_metrics.json``; over a seed sweep's
+    checkpoints the table of each scheme's mean ± standard deviation over its seeds follows, as a training sweep's."""
     train_sweep = tmp_path / "train"
-    args = ["-m", "pos=rel2d_full,none", *TINY, "logger=none", "test=false", f"hydra.sweep.dir={train_sweep}"]
-    r = run_script_forked("train.py", args, cwd=tmp_path)
+    args = ["-m", "pos=rel2d_full,none", "seed=0,1", *TINY, "logger=none", "test=false"]
+    r = run_script_forked("train.py", [*args, f"hydra.sweep.dir={train_sweep}"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     sweep = tmp_path / "eval"
-    args = ["-m", f"ckpt_path={train_sweep / '0'},{train_sweep / '1'}", "data.img_size=36", *EVAL_PICTURES_OFF]
+    ckpts = ",".join(str(train_sweep / j) for j in "0123")
+    args = ["-m", f"ckpt_path={ckpts}", "data.img_size=36", *EVAL_PICTURES_OFF]
     args += ["data.num_workers=0", "trainer.accelerator=cpu", "progress_bar=none", "trainer.limit_test_batches=1"]
     r = run_script_forked("eval.py", [*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
-    assert [(x["trained"], x["status"]) for x in rows] == [("pos=rel2d_full", "finished"), ("pos=none", "finished")]
-    assert json.loads((sweep / "1" / "eval_metrics.json").read_text())["trained"] == "pos=none"
-    table = r.stdout[r.stdout.index("Sweep summary (2 jobs") :]
-    assert "trained" in table and "pos=rel2d_full" in table, table
+    trained = [f"pos={p} seed={s}" for p in ("rel2d_full", "none") for s in (0, 1)]
+    assert [(x["trained"], x["status"]) for x in rows] == [(t, "finished") for t in trained]
+    assert json.loads((sweep / "3" / "eval_metrics.json").read_text())["trained"] == "pos=none seed=1"
+    table = r.stdout[r.stdout.index("Sweep summary (4 jobs") :]
+    assert "trained" in table and "pos=rel2d_full seed=1" in table, table
+    means = list(csv.DictReader((sweep / "summary_seeds.csv").open()))
+    assert [(m["overrides"], m["n"]) for m in means] == [("pos=rel2d_full", "2"), ("pos=none", "2")], means
+    for m, pair in zip(means, (rows[:2], rows[2:])):  # each scheme's seeds: the mean and sample std of their rows
+        acc = [float(x["test/acc1"]) for x in pair]
+        assert float(m["test/acc1 mean"]) == pytest.approx(statistics.mean(acc))
+        assert float(m["test/acc1 std"]) == pytest.approx(statistics.stdev(acc))
+    assert "mean ± standard deviation over seeds" in table and "pos=none  " in table, table
+    failed = {"status": "failed (CheckpointError)", "overrides": [f"ckpt_path={train_sweep / '2'}", "split=val"]}
+    assert _eval_setting(failed) == ["pos=none", "seed=0", "split=val"], "a failed job: its checkpoint's settings"
 
 
 def test_a_predict_sweep_writes_each_jobs_predictions_and_no_score_table(tmp_path):

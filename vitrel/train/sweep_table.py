@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 
 from vitrel.train.sweep_files import ERROR, STOPPED, SWEEP_ID, job_order, read_note, sweep_plan
 from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib only when it draws)
-from vitrel.train.sweep_rerun import mark_other_settings, trained_with
+from vitrel.train.sweep_rerun import mark_other_settings, swept_settings, trained_with
 from vitrel.train.sweepers import is_seed
+from vitrel.train.utils import override_key
 
 __all__ = [
     "ABOUT",
@@ -146,11 +147,38 @@ def summary_rows(
         rows += [{"job": str(i), "earlier": False, "overrides": [str(o) for o in job], "status": NOT_RUN}
                  for i, job in enumerate(planned) if str(i) not in have]  # fmt: skip
         rows.sort(key=lambda r: job_order(Path(r["job"])))
+    if not _is_train(record):  # (eval.py -m over a seed sweep's checkpoints: the seeds are in what each trained)
+        for r in rows:
+            r["setting"] = _eval_setting(r)
     means = seed_means(rows, wanted)
     common = split_common(rows)
     for r in means:
         r["overrides"] = _own_overrides(r["overrides"], common)
     return rows, means, common, earlier
+
+
+def _eval_setting(row: dict[str, Any]) -> list[str]:
+    """What an ``eval.py -m`` job scored, as overrides: its own less ``ckpt_path``, and the settings the training sweep
+    varied for the checkpoint (``trained``: ``pos=rel2d_full seed=1``), which :func:`seed_means` groups by; for a job
+    whose checkpoint records no sweep job (a single run, an export), or that failed before saying, its own overrides."""
+    trained = row.get("trained")
+    if row.get("status") != "finished" and trained is None:  # (failed: its eval_metrics.json, if any, is not read)
+        trained = _trained_of(row["overrides"])
+    if trained is None:
+        return list(row["overrides"])
+    return [*trained.split(" "), *(o for o in row["overrides"] if override_key(o) != "ckpt_path")]
+
+
+def _trained_of(overrides: list[str]) -> str | None:
+    """:func:`~vitrel.train.sweep_rerun.swept_settings` of the checkpoint a failed ``eval.py`` job was given (its
+    ``ckpt_path=``, a run folder's taken as eval.py takes it); None where it cannot be read."""
+    from vitrel.models.ckpt_files import run_checkpoint
+
+    given = [o.split("=", 1)[1] for o in overrides if override_key(o) == "ckpt_path"]
+    try:
+        return swept_settings(run_checkpoint(Path(given[0]).expanduser(), say=False)) if given else None
+    except Exception:  # noqa: BLE001  (a missing or damaged file: the job's own error says so)
+        return None
 
 
 def _own_overrides(overrides: list[str], common: list[str]) -> str:
@@ -171,14 +199,15 @@ def split_common(rows: list[dict[str, Any]]) -> list[str]:
 def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
     """Rows of jobs that differ only in ``seed=`` as one row each: ``n`` finished of ``jobs``, the mean and the
     sample standard deviation of each metric over the finished ones (``rows`` with their override lists, before
-    :func:`split_common`; ``members``: the setting's job folders; ``trained_with``: the finished ones' marks of a
-    resumed run of other settings, :func:`~vitrel.train.sweep_rerun.trained_with`, else None). Empty when the sweep
-    does not vary the seed."""
-    if len({tuple(o for o in r["overrides"] if is_seed(o)) for r in rows}) < 2:
+    :func:`split_common`, grouped by their ``setting`` where they have one: :func:`_eval_setting`; ``members``: the
+    setting's job folders; ``trained_with``: the finished ones' marks of a resumed run of other settings,
+    :func:`~vitrel.train.sweep_rerun.trained_with`, else None). Empty when the sweep does not vary the seed."""
+    settings = [r.get("setting", r["overrides"]) for r in rows]
+    if len({tuple(o for o in s if is_seed(o)) for s in settings}) < 2:
         return []
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(tuple(o for o in r["overrides"] if not is_seed(o)), []).append(r)
+    for r, s in zip(rows, settings):
+        groups.setdefault(tuple(o for o in s if not is_seed(o)), []).append(r)
     out = []
     for key, members in groups.items():
         done = [r for r in members if r["status"] == "finished"]

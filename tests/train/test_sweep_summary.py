@@ -189,6 +189,7 @@ def test_an_eval_sweep_over_a_sweeps_checkpoints_names_what_each_was_trained_wit
         assert float(m["test/acc1 mean"]) == pytest.approx(statistics.mean(acc))
         assert float(m["test/acc1 std"]) == pytest.approx(statistics.stdev(acc))
     assert "mean ± standard deviation over seeds" in table and "pos=none  " in table, table
+    assert "could not draw" not in r.stdout + r.stderr and (sweep / "summary.png").stat().st_size > 0
     failed = {"status": "failed (CheckpointError)", "overrides": [f"ckpt_path={train_sweep / '2'}", "split=val"]}
     assert _eval_setting(failed) == ["pos=none", "seed=0", "split=val"], "a failed job: its checkpoint's settings"
 

@@ -190,6 +190,9 @@ def test_mirrored_classes_and_which_flip_a_data_module_trains_with():
     # folder names (an audit's: flips were let through for them): snake_case and CamelCase words, not inside a word
     folders = ["swipe_left", "swipe_right", "TurnLeft", "TurnRight", "bright", "upright", "copyleft", "copyright"]
     assert mirrored_classes(folders) == [("swipe_left", "swipe_right"), ("TurnLeft", "TurnRight")]
+    # folders numbered to sort them (the audit's 10_left_arrow / 11_right_arrow); a number inside a name still counts
+    numbered = ["10_left_arrow", "11_right_arrow", "03 - Swipe Left", "04 - Swipe Right", "lane2_left", "lane3_right"]
+    assert mirrored_classes(numbered) == [("10_left_arrow", "11_right_arrow"), ("03 - Swipe Left", "04 - Swipe Right")]
     assert Fmnist(loader="memory", augment=True).train_flip == ("data.batch_augment.hflip", 0.5)
     assert Fmnist(loader="workers", augment=True).train_flip == ("data.augment_kwargs.hflip", 0.5)
     assert Fmnist(loader="workers", augment=True, augment_kwargs={"hflip": 0.2}).train_flip[1] == 0.2

@@ -87,18 +87,25 @@ def check_data_module(dm: Any) -> None:
 
 #: "left" / "right" as a word: between non-letters (``swipe_left``, "turn left") or a CamelCase part (``TurnLeft``)
 _SIDES = re.compile(r"(?:(?<![A-Za-z])|(?<=[a-z])(?=[LR]))(left|right|Left|Right|LEFT|RIGHT)(?![a-z])")
+#: a class folder's leading number (``10_left_arrow``, ``03 - Swipe Right``), which sorts the folders, not the class
+_NUMBERED = re.compile(r"^\d+[\s_.\-]*")
+
+
+def _name_key(name: str) -> str:
+    return _NUMBERED.sub("", name).lower()
 
 
 def mirrored_classes(names: Sequence[str]) -> list[tuple[str, str]]:
     """The pairs of class names each of which is the other with the words "left" and "right" swapped
     (Something-Something v2's "Pushing something from left to right" and "... from right to left", a traffic sign's
     "turn left" and "turn right", a folder's ``swipe_left`` and ``swipe_right`` or ``TurnLeft`` and ``TurnRight``): a
-    left-right flip of a sample of one shows the other. Case is ignored; each pair is listed once."""
-    index = {n.lower(): n for n in names}
+    left-right flip of a sample of one shows the other. Case and a leading number (``10_left_arrow`` and
+    ``11_right_arrow``) are ignored; each pair is listed once."""
+    index = {_name_key(n): n for n in names}
     pairs = []
     for n in names:
-        other = index.get(_SIDES.sub(lambda m: "right" if m.group(0).lower() == "left" else "left", n).lower())
-        if other is not None and other.lower() != n.lower() and (other, n) not in pairs:
+        other = index.get(_name_key(_SIDES.sub(lambda m: "right" if m.group(0).lower() == "left" else "left", n)))
+        if other is not None and _name_key(other) != _name_key(n) and (other, n) not in pairs:
             pairs.append((n, other))
     return pairs
 

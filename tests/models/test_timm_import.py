@@ -319,6 +319,26 @@ def test_a_reset_head_is_reported_as_new(caplog):
     assert f"carried {carried} tensors, converted 0, newly initialised 6," in text, text  # 2 blocks x 2 tables + head
 
 
+def test_trained_position_parameters_left_behind_are_named_in_a_warning():
+    """A scheme that has no place for the source's trained position parameters (a ViT's ``pos_embed`` under
+    ``pos="none"``, the docs' probe command once; a Swin's tables under ``rel2d_factored``) dropped them with an INFO
+    line only, whose reason for the embedding ("the target uses a relative scheme") was wrong under ``none``. A
+    warning now names them; the same function (``pos=None``, ``ape``) and the GPSA bias the softmax cancels warn
+    nothing."""
+    vit = _timm("vit_small_patch16_224").float()
+    lost = "trained position parameters are not carried"
+    with pytest.warns(UserWarning, match=rf"pos=none: the source's {lost}: pos_embed \(abs_pos='ape' keeps"):
+        vitrel.from_timm(vit, pos="none")
+    swin = timm.create_model("swin_tiny_patch4_window7_224", **SOURCES["swin_tiny_patch4_window7_224"][0])
+    with pytest.warns(UserWarning, match=rf"{lost}: relative_position_bias_table \(x8\); the scheme's own"):
+        vitrel.from_timm(swin, pos="rel2d_factored")
+    convit = timm.create_model("convit_tiny", img_size=32, patch_size=8, embed_dim=48, depth=2, local_up_to_layer=1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", f".*{lost}")
+        for source, pos in ((vit, None), (vit, "ape"), (convit, None)):
+            vitrel.from_timm(source, pos=pos)
+
+
 def test_layer_decay_puts_a_swin_stage_shared_table_with_its_stage():
     """With ``pos_share=True`` a Swin stage's table (``layers.<i>.rel_pos``) matched no group of ``group_matcher`` and
     took the head's rate (the top one) under ``module.layer_decay``; it is now its stage's first block's rate."""
@@ -567,6 +587,36 @@ def test_a_swin_with_max_or_avgmax_pooling_is_timms_function(global_pool):
         t.reset_classifier(5, "avg"), m.reset_classifier(5, "avg")
         m.head.load_state_dict({k.removeprefix("fc."): v for k, v in t.head.state_dict().items()})
         torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
+
+
+def test_swin_weights_at_another_window_keep_their_trained_tables():
+    """``from_timm(swin, window_size=8)`` of weights trained at window 4 (an audit's): every stage's trained table
+    was dropped for a fresh one (std 0.02), though the scheme is ``rel2d_full``, with a warning only for a stage
+    whose table timm had resized. Each table is now carried and resized by the scheme's ``extend``: ``grow`` keeps
+    the trained offsets and gives the new ones the edge's values (from the equation, with a clamp), ``geometric``
+    is timm's own load of the weights into a Swin built at window 8 (its ``checkpoint_filter_fn``), same logits."""
+    import timm.models.swin_transformer as timm_swin
+
+    t = _small_swin().double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    with pytest.warns(UserWarning, match=r"resized relative-position tables \(7, 7, 1\) -> \(15, 15, 1\)"):
+        m = vitrel.from_timm(t, window_size=8)
+    for i in range(2):
+        src = t.layers[i].blocks[0].attn.relative_position_bias_table.view(7, 7, 1)
+        idx = torch.arange(-7, 8).clamp(-3, 3) + 3  # grow: offset d takes the table's value at clamp(d, -3, 3)
+        torch.testing.assert_close(m.layers[i].blocks[0].attn.pos.table, src[idx][:, idx], rtol=0, atol=0)
+    t8 = timm.create_model(
+        "swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=8, embed_dim=16, depths=(1, 1),
+        num_heads=(1, 1), num_classes=5,
+    ).double().eval()  # fmt: skip
+    t8.load_state_dict(timm_swin.checkpoint_filter_fn(t.state_dict(), t8))
+    with pytest.warns(UserWarning, match="extend='geometric'"):
+        g = vitrel.from_timm(t, window_size=8, pos={"name": "rel2d_full", "extend": "geometric"}).eval()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), t8(x), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize(

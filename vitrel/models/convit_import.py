@@ -19,6 +19,8 @@ import torch
 from timm.models.convit import ConVit
 from torch import Tensor
 
+from vitrel.models.transfer_report import CANCELLED
+
 __all__ = ["ConVit", "convit_args", "convit_tensors"]
 
 #: a GPSA block's tensor in timm's state dict: block, module, weight / bias
@@ -71,7 +73,7 @@ def convit_tensors(src: dict[str, Tensor], own: Mapping[str, Tensor]) -> tuple[d
         ours = f"{blk}.pos.pos_proj" if name == "pos_proj" else f"{blk}.pos.gating"
         value = src.pop(k)
         if kind == "bias":
-            dropped[k] = "GPSA's positional bias: one value per head and query, which the softmax over keys cancels"
+            dropped[k] = CANCELLED
         elif ours in own:
             out[ours] = (value, k)
         else:

@@ -43,6 +43,7 @@ role (``b_t``, ``f^t``, time sections).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -96,7 +97,10 @@ def _image_source(image: Any, video_model: nn.Module) -> tuple[dict[str, Tensor]
             name = parse_pos(pos).name
             if name not in COUNTERPARTS:
                 raise ValueError(f"inflation takes a video model with pos in {sorted(COUNTERPARTS)}, not {name!r}")
-            image = from_timm(image, pos=_image_spec(pos, video_model))
+            with warnings.catch_warnings():  # (its absolute embedding is not inflated, as documented: from_timm's
+                # warning would offer abs_pos='ape', which inflation refuses)
+                warnings.filterwarnings("ignore", "from_timm.*trained position parameters are not carried")
+                image = from_timm(image, pos=_image_spec(pos, video_model))
             cfg = image.vitrel_cfg
         return image.state_dict(), dict(cfg)
     if isinstance(image, (str, os.PathLike)):  # the weights its run tested (EMA where it scored them), as load_model

@@ -15,7 +15,7 @@ from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
 from vitrel.models.timm_qkv import qkv_bias_of
 
-__all__ = ["swin_args", "swinv2_reference", "warn_swin_padding"]
+__all__ = ["swin_args", "swin_table", "swinv2_reference", "warn_swin_padding"]
 
 SWIN_WINDOWS = (
     "its blocks' windows and shifts are not one window for all stages shrunk to a smaller stage grid (a window per "
@@ -62,6 +62,17 @@ def swin_args(t: nn.Module, v2: bool, refuse: Callable[[bool, str], None]) -> tu
         **({"post_norm": True, "cosine_attn": True} if v2 else {}),
     )
     return args, ({"name": "rel2d_cpb", "hidden_dim": blk.attn.cpb_mlp[0].out_features} if v2 else "rel2d_full")
+
+
+def swin_table(t: nn.Module, key: str, table: Tensor, own: Tensor | None) -> Tensor | None:
+    """timm's flat ``[(2H-1)(2W-1), heads]`` bias table ``key`` of the Swin ``t`` as ``rel2d_full``'s ``[2H-1, 2W-1,
+    heads]`` at the source block's window ``H x W``, for the target's table ``own``; None where ``own`` is no such
+    table (another scheme). A target of another window (``from_timm(..., window_size=8)``) resizes it as it loads, by
+    its scheme's ``extend`` rule, with a warning naming the rule: the trained values are carried, not dropped."""
+    if own is None or own.dim() != 3 or own.shape[-1] != table.shape[-1]:
+        return None
+    wh, ww = (int(w) for w in t.get_submodule(key.rpartition(".")[0]).window_size)
+    return table.reshape(2 * wh - 1, 2 * ww - 1, table.shape[-1])
 
 
 def swinv2_reference(t: nn.Module, own: dict[str, Tensor], out: dict[str, Tensor]) -> dict[str, str]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+import warnings
 from typing import Any
 
 import timm
@@ -58,11 +58,12 @@ from vitrel.models.naflex_import import NaFlexVit, naflex_abs_pos, naflex_embedd
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.relpos_import import VisionTransformerRelPos, relpos_scheme, relpos_tensor
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
-from vitrel.models.swin_import import swin_args, swinv2_reference, warn_swin_padding
+from vitrel.models.swin_import import swin_args, swin_table, swinv2_reference, warn_swin_padding
 from vitrel.models.timm_files import load_timm_file
 from vitrel.models.timm_head import head_args
 from vitrel.models.timm_mlp import mlp_args, split_packed
 from vitrel.models.timm_qkv import qkv_bias_of
+from vitrel.models.transfer_report import BUFFER, TransferReport
 
 __all__ = [
     "from_timm",
@@ -79,28 +80,6 @@ log = logging.getLogger(__name__)
 
 class UnsupportedTimmModel(ValueError):
     """A timm model that vitrel has no equivalent architecture for (the message says what differs)."""
-
-
-@dataclass
-class TransferReport:
-    """What happened to every tensor: ``carried`` (same key and shape), ``converted`` (renamed or
-    reshaped: ``ours <- theirs``), ``initialised`` (ours, freshly initialised: position parts of another
-    scheme, a new head), ``dropped`` (theirs, not used, with the reason)."""
-
-    carried: list[str] = field(default_factory=list)
-    converted: dict[str, str] = field(default_factory=dict)
-    initialised: list[str] = field(default_factory=list)
-    dropped: dict[str, str] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        lines = [
-            f"carried {len(self.carried)} tensors, converted {len(self.converted)}, "
-            f"newly initialised {len(self.initialised)}, dropped {len(self.dropped)}"
-        ]
-        lines += [f"  converted  {k} <- {v}" for k, v in self.converted.items()]
-        lines += [f"  new        {k}" for k in self.initialised]
-        lines += [f"  dropped    {k}: {why}" for k, why in self.dropped.items()]
-        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- architecture
@@ -318,7 +297,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             continue
         v = src[k]
         if k.endswith(("relative_position_index", "attn_mask", "rel_pos.relative_position_index")):
-            rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
+            rep.dropped[k] = BUFFER
             src.pop(k)
             continue
         if fam in ("vit", "convit", "beit", "eva") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
@@ -335,7 +314,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                             if name in rep.carried:
                                 rep.carried.remove(name)
             else:
-                rep.dropped[k] = "absolute embedding (the target uses a relative scheme; abs_pos='ape' keeps it)"
+                rep.dropped[k] = "absolute embedding (the target has none; abs_pos='ape' keeps it)"
                 src.pop(k)
             continue
         key = k
@@ -359,9 +338,10 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 rep.dropped[k] = "relative-position parameters of timm's (the target scheme is another)"
                 src.pop(k)
             continue
-        if target is not None:  # a flat [(2H-1)(2W-1), heads] bias table -> rel2d_full's [2H-1, 2W-1, heads]
-            if target in own and target != key and own[target].numel() == v.numel():
-                put(target, k, v.reshape(own[target].shape))
+        if target is not None:  # Swin V1's flat bias table -> rel2d_full's (resized to another window as it loads)
+            table = swin_table(t, k, v, own.get(target)) if target != key else None
+            if table is not None:
+                put(target, k, table)
             else:
                 rep.dropped[k] = "relative-position parameters of timm's (not a rel2d_full table of this scheme)"
                 src.pop(k)
@@ -576,6 +556,9 @@ def from_timm(
     if isinstance(t, (TimmSwin, TimmSwinV2)):
         warn_swin_padding(t, name)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
+    lost = rep.lost_position_warning(name, pos if isinstance(pos, str) else pos.get("name", pos))
+    if lost:
+        warnings.warn(lost, stacklevel=2)
     return ours
 
 

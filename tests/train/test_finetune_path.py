@@ -159,3 +159,26 @@ def test_a_checkpoint_that_records_no_pretrained_weights_is_not_checked():
     check_same_start(old, {"model.init_from": f"timm:{TIMM}"}, CKPT)
     with pytest.raises(ConfigError, match=r"\(model.init_from: checkpoint \(none\), configured timm:.*from scratch"):
         check_same_start({"hyper_parameters": {"started_from": {}}}, {"model.init_from": f"timm:{TIMM}"}, "x.ckpt")
+
+
+def test_a_timm_folder_normalises_as_its_config_json_says_not_as_the_names_default_tag(sources, tmp_path, caplog):
+    """``model.init_file=<timm export folder>`` of DINO weights (``vit_small_patch16_224.dino``: ImageNet's mean and
+    std) given as ``timm:vit_small_patch16_224``, whose default tag (``augreg``) normalises with 0.5: the run took
+    0.5 and logged it as "the pretrained weights'" (an audit's). The folder's ``config.json`` says what its weights
+    expect, as timm's ``local-dir:`` reads it; the run, its checkpoint and ``from_timm`` take that."""
+    import timm
+    from timm.models import save_for_hf
+
+    import vitrel
+
+    args, folder = sources[2], tmp_path / "dino"
+    small = dict(img_size=32, patch_size=4, depth=2, embed_dim=48, num_heads=2)
+    save_for_hf(timm.create_model("vit_small_patch16_224.dino", **small), str(folder), model_args=small)
+    imagenet = [0.485, 0.456, 0.406]
+    assert json.loads((folder / "config.json").read_text())["pretrained_cfg"]["mean"] == imagenet
+    assert list(vitrel.from_timm("vit_small_patch16_224", checkpoint_path=folder).pretrained_cfg["mean"]) == imagenet
+    model = ["model.init_from=timm:vit_small_patch16_224", f"model.init_file={folder}", "pos=rel2d_factored"]
+    ckpt = _run(tmp_path / "run", [*args[:4], *model, *FAST, *SHORT, "trainer.max_epochs=1"], caplog)
+    said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]
+    assert len(said) == 1 and "data.mean=[0.485,0.456,0.406] data.std=[0.229,0.224,0.225]" in said[0], said
+    assert stored_data_config(ckpt)["mean"] == pytest.approx(imagenet)

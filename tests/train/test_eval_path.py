@@ -127,20 +127,32 @@ def test_every_route_feeds_a_model_built_apart_the_images_it_was_trained_on(tmp_
 
 def test_naflex_eval_filling_the_budget_says_the_size_it_ran(tmp_path, capsys):
     """``eval.py data=fashion_mnist_naflex data.eval_max_ratio=null`` scales every 28x28 image to fill 64 patches,
-    32x32: the line said "at native sizes". It now says the size scored (and native when it is)."""
+    32x32: the line said "at native sizes". It now says the size scored (and native when it is), and ``gflops``
+    counts one image at that size (it was the model's nominal size: a 28-px count for 32-px images, an audit's).
+    ``data.img_size=48`` on the command line, which NaFlex batches do not score at (an ``eval.py -m`` over sizes gave
+    rows alike, each named by its size), is refused in one line naming what scores at 48."""
+    from vitrel.train.flops import forward_flops
+
     run = tmp_path / "run"
     train(compose(run, [*TINY_VIT, *FAST, *SHORT, "data=fashion_mnist_naflex", "data.batch_size=8", "test=false"]))
     ckpt = run / "checkpoints" / "last.ckpt"
     over = ["data=fashion_mnist_naflex", "data.num_workers=0", *FAST[2:4], "trainer.limit_test_batches=1"]
     capsys.readouterr()
-    _, res, _ = _eval(tmp_path / "fill", ckpt, [*over, "data.eval_max_ratio=null"])
+    _, fill, _ = _eval(tmp_path / "fill", ckpt, [*over, "data.eval_max_ratio=null"])
     line = capsys.readouterr().out.strip().splitlines()[-2]  # (the last: the file it wrote)
     assert "native" not in line and "at 32x32 (grid 8x8, NaFlex pack" in line, line
-    assert res["naflex_size"] == [32, 32] and res["grid"] == [8, 8]  # (the grid was data.img_size's, 7x7)
+    assert fill["naflex_size"] == [32, 32] and fill["grid"] == [8, 8]  # (the grid was data.img_size's, 7x7)
     _, res, _ = _eval(tmp_path / "native", ckpt, over)
     line = capsys.readouterr().out.strip().splitlines()[-2]
     assert "at the images' native 28x28 (grid 7x7, NaFlex pack" in line, line
     assert res["naflex_size"] == [28, 28] and res["grid"] == [7, 7]
+    model = vitrel.load_model(ckpt)
+    for size, gflops in ((28, res["gflops"]), (32, fill["gflops"])):
+        assert gflops == pytest.approx(forward_flops(model, torch.zeros(1, 1, size, size)) / 1e9), size
+    r = run_script_forked("eval.py", [f"ckpt_path={ckpt}", *over, "data.img_size=48"], cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    said = "NaFlex data (data.packing=pack) scores each image at its own size within data.max_tokens patches"
+    assert said in r.stderr and "data.max_tokens=144 data.seq_len=144 data.eval_max_ratio=null" in r.stderr, r.stderr
 
 
 def test_an_evaluation_reads_the_run_record_once(tmp_path, monkeypatch):

@@ -94,6 +94,29 @@ def is_given(key: str) -> bool:
     return hc is None or key in [override_key(o) for o in hc.overrides.task]
 
 
+def check_naflex_img_size(data_cfg: DictConfig, saved: dict) -> None:
+    """Refuse ``data.img_size`` on the command line for NaFlex data (``data.packing``), other than the size the stored
+    model (``saved``: its configuration) was built at: NaFlex batches score each image at its own size within
+    ``data.max_tokens`` patches, so the key would only rebuild the model (its tables resized) while the record and an
+    ``eval.py -m`` table named the size, every row scored alike (an audit's). A
+    :class:`~vitrel.config.ConfigError` giving the two ways to score at that size."""
+    size, built, patch = data_cfg.get("img_size"), saved.get("img_size"), saved.get("patch_size")
+    if not data_cfg.get("packing") or not is_given("data.img_size") or size is None:
+        return
+    if built is not None and to_2tuple(size) == to_2tuple(built):
+        return
+    side = size if isinstance(size, int) else "x".join(str(s) for s in size)
+    h, w = to_2tuple(size)
+    ph, pw = to_2tuple(patch if patch is not None else data_cfg.get("patch_size") or 16)
+    tokens = (h // ph) * (w // pw)
+    raise ConfigError(
+        f"data.img_size={side}: NaFlex data (data.packing={data_cfg.packing}) scores each image at its own size within "
+        f"data.max_tokens patches, not at data.img_size; to score images at {side}: data.max_tokens={tokens} "
+        f"data.seq_len={max(tokens, int(data_cfg.get('seq_len') or 0))} data.eval_max_ratio=null (images of one "
+        f"size, enlarged to fill the budget), or data.packing=false data.img_size={side} (image tensors)"
+    )
+
+
 def take_run_data(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, Any]:
     """Set the data keys of ``values`` (taken from the checkpoint or its run) and log them, ``what`` saying what they
     are; return them."""

@@ -63,6 +63,7 @@ from vitrel.train.data_contract import (
 from vitrel.train.eval_data import (
     CLIP_KEYS,
     VAL_SPLIT_KEYS,
+    check_naflex_img_size,
     check_run_data,
     is_given,
     run_settings,
@@ -340,6 +341,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         _warn_unknown_val_split(ckpt, cfg.data, held, record[1])
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = take_run_data(cfg, settings, what)
+    check_naflex_img_size(cfg.data, saved)  # (NaFlex batches keep their images' sizes: data.img_size refused)
     # a model built at a non-square (H, W), or at another size than its images, stays so unless data.img_size is given
     keep_shape = _built_apart(saved, stored_data) and cfg.data.get("img_size") is None and not cfg.data.get("packing")
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
@@ -439,7 +441,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
-        "gflops": eval_gflops(model, dm) if trainer.is_global_zero else None,  # one sample at the size scored
+        "gflops": eval_gflops(model, dm, naflex) if trainer.is_global_zero else None,  # one sample at the size scored
         "wall_s": round(time.time() - t0, 2),
         "status": "finished",  # (as metrics.json's: the sweep summary's row, eval.py -m)
         "overrides": task_overrides(),  # the command line's, as metrics.json's (tells an earlier sweep's record)

@@ -11,6 +11,7 @@ is the figure a run's ``metrics.json`` records (``gflops``), None where torch ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -138,17 +139,20 @@ def run_gflops(model: nn.Module, example: Tensor | None = None, record: str = "m
     return None
 
 
-def eval_gflops(model: torch.nn.Module, dm: Any) -> float | None:
+def eval_gflops(model: torch.nn.Module, dm: Any, naflex_size: Sequence[int] | None = None) -> float | None:
     """``gflops`` of one forward of one sample at the size scored (:func:`~vitrel.train.flops.run_gflops`, as train.py's
     ``metrics.json`` counts it at the size trained): ``data.img_size`` (a video's ``data.num_frames``); NaFlex
-    batches, whose images keep their own sizes: one image at the model's nominal size."""
+    batches of images of one size: ``naflex_size``, the ``[H, W]`` they were scored at; of many sizes: one image at
+    the model's nominal size."""
     from timm.layers import to_2tuple
 
     from vitrel.train.data_contract import is_video_data
 
     example = None
-    if not getattr(dm, "packing", None) and getattr(dm, "img_size", None) is not None:
-        c, (h, w) = int(dm.in_chans), to_2tuple(dm.img_size)
+    packed = getattr(dm, "packing", None)
+    size = naflex_size if packed else getattr(dm, "img_size", None)
+    if size is not None:
+        c, (h, w) = int(dm.in_chans), to_2tuple(size)
         example = torch.zeros(1, c, int(dm.num_frames), h, w) if is_video_data(dm) else torch.zeros(1, c, h, w)
         p = next((p for p in model.parameters() if p.is_floating_point()), None)
         example = example.to(device=p.device, dtype=p.dtype) if p is not None else example

@@ -100,3 +100,18 @@ def test_a_null_val_fraction_is_the_data_sets_default_for_the_best_trial(tmp_pat
     assert line == "Optuna's best trial (maximize val/acc1): job 1, 0.2500, module.optimizer.lr=0.003", line
     imagenet = {"_target_": "vitrel.data.ImageNetDataModule"}
     assert "chosen on the test split" in _best_line(tmp_path, val_fraction=None, data=imagenet)
+
+
+def test_a_direction_against_the_metric_stops_the_sweep_in_one_line(tmp_path):
+    """``train.py -m hparams_search=fmnist_optuna optimized_metric=val/loss`` (the search maximises): each job refused
+    it before training, but Hydra printed "Error executing job" and a traceback for it (an audit's: three times). The
+    sweep now stops as it starts, in one line, before any job."""
+    from tests.train_helpers import run_script_forked
+
+    args = ["-m", "hparams_search=fmnist_optuna", "optimized_metric=val/loss", "hydra.sweeper.n_trials=1"]
+    r = run_script_forked("train.py", [*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out and "Error executing job" not in out, out[-3000:]
+    said = "train.py: ConfigError: optimized_metric=val/loss with the sweeper's direction maximize"
+    assert said in r.stderr and "hydra.sweeper.direction=minimize" in r.stderr, r.stderr[-2000:]
+    assert not list((tmp_path / "sweep").glob("0")), "no job ran"

@@ -21,7 +21,6 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -29,7 +28,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vitrel.config import (
     ConfigError,
@@ -91,7 +90,7 @@ from vitrel.train.run_figures import RunFigures
 from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
-from vitrel.train.sweepers import BASIC_SWEEPER
+from vitrel.train.sweepers import BASIC_SWEEPER, check_direction
 from vitrel.train.target_keys import check_keys_taken, check_seed
 from vitrel.train.utils import (
     apply_matmul_precision,
@@ -511,20 +510,3 @@ def _better(metric: str | None) -> str | None:
     """``max`` for an accuracy, ``min`` for a loss, None for a metric of neither kind (or none)."""
     name = str(metric).rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
     return "max" if name.startswith("acc") else "min" if name == "loss" and metric is not None else None
-
-
-def check_direction(target: str, direction: Any) -> None:
-    """A sweeper's single ``direction`` (Optuna's ``maximize`` / ``minimize``; its default is ``minimize``) that goes
-    against ``optimized_metric`` (an accuracy minimised, a loss maximised: the search would seek the worst runs) is a
-    :class:`~vitrel.config.ConfigError`, before the run trains. Several directions, or a metric of neither kind: not
-    checked."""
-    if isinstance(direction, (list, tuple, ListConfig)):
-        return
-    direction = str(getattr(direction, "name", direction)).lower()
-    name = target.rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
-    want = "maximize" if name.startswith("acc") else "minimize" if name == "loss" else None
-    if want is not None and direction in ("maximize", "minimize") and direction != want:
-        raise ConfigError(
-            f"optimized_metric={target} with the sweeper's direction {direction}: the search would seek the worst "
-            f"runs; set hydra.sweeper.direction={want} (Optuna's default is minimize)"
-        )

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from vitrel.config import data_val_fraction
+from vitrel.config import ConfigError, data_val_fraction
 
 __all__ = [
     "BASIC_SWEEPER",
+    "check_direction",
     "check_search",
     "is_seed",
     "optuna_best",
@@ -106,8 +107,9 @@ def is_seed(override: str) -> bool:
 
 
 def check_search(config: DictConfig) -> None:
-    """As a sweep starts: refuse a search sweeper's search of the seed (:func:`searched_seed`) with a one-line error
-    (``SystemExit``: Hydra turns a callback's ``Exception`` into a warning), and warn when its best trial is picked
+    """As a sweep starts: refuse a search sweeper's search of the seed (:func:`searched_seed`), or its ``direction``
+    against ``optimized_metric`` (:func:`check_direction`), with a one-line error (``SystemExit``: Hydra turns a
+    callback's ``Exception`` into a warning), and warn when its best trial is picked
     on the test split (:func:`picked_on_test`)."""
     if seed := searched_seed(config):
         raise SystemExit(
@@ -115,9 +117,32 @@ def check_search(config: DictConfig) -> None:
             "seed as a hyperparameter and report the luckiest one as its best trial; search with one seed, then "
             "run the chosen values over seeds (-m ... seed=0,1,2) for their mean"
         )
+    target, direction = config.get("optimized_metric"), (config.hydra.get("sweeper") or {}).get("direction")
+    if target and direction is not None:  # (each job checks it too: a traceback per job under -m)
+        try:
+            check_direction(str(target), direction)
+        except ConfigError as e:
+            raise SystemExit(f"{Path(sys.argv[0]).name}: ConfigError: {e}") from None
     if why := picked_on_test(config):
         log.warning("sweep: %s: the best trial is chosen on the test split, so its test/* overestimate new data; "
                     "search on a held-out validation split (data.val_fraction=0.1)", why)  # fmt: skip
+
+
+def check_direction(target: str, direction: Any) -> None:
+    """A sweeper's single ``direction`` (Optuna's ``maximize`` / ``minimize``; its default is ``minimize``) that goes
+    against ``optimized_metric`` (an accuracy minimised, a loss maximised: the search would seek the worst runs) is a
+    :class:`~vitrel.config.ConfigError`, before the run trains. Several directions, or a metric of neither kind: not
+    checked."""
+    if isinstance(direction, (list, tuple, ListConfig)):
+        return
+    direction = str(getattr(direction, "name", direction)).lower()
+    name = target.rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
+    want = "maximize" if name.startswith("acc") else "minimize" if name == "loss" else None
+    if want is not None and direction in ("maximize", "minimize") and direction != want:
+        raise ConfigError(
+            f"optimized_metric={target} with the sweeper's direction {direction}: the search would seek the worst "
+            f"runs; set hydra.sweeper.direction={want} (Optuna's default is minimize)"
+        )
 
 
 def optuna_best(config: DictConfig, sweep_dir: Path, rows: list[dict[str, Any]], common: list[str]) -> str | None:

@@ -386,7 +386,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         model = vitrel.load_model(ckpt, use_ema="auto" if use_ema is None else use_ema, img_size=size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data, fix)
-    _warn_other_class_names(ckpt, stored_data, dm)
     check_data_fits_model(dm, model, str(ckpt), training=False)  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
@@ -402,6 +401,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         enable_checkpointing=False,
     )
     dm.setup("test" if split == "test" else "validate")
+    _warn_other_class_names(ckpt, stored_data, dm)  # (after setup: a data module reads its names from its files)
     if split == "val" and not other_data:
         _check_val_split_is_the_runs(ckpt, dm, held_record, fix)
     scored = _SplitData(dm, split)

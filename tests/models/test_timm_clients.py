@@ -288,6 +288,27 @@ def test_every_loading_route_gives_the_swins_pool_size_of_the_built_model(kw, tm
         assert tuple(m.pretrained_cfg["pool_size"]) == tuple(final.shape[1:3]) == (side // 16,) * 2, route
 
 
+def test_timm_weights_given_to_timms_file_route_are_refused_naming_from_timm(tmp_path):
+    """A timm ViT's export given to ``timm.create_model("vitrel_...", pretrained=True, pretrained_cfg_overlay=dict(file=
+    ...))`` is refused (another architecture), but unlike ``vitrel.create_model(checkpoint_path=)`` the message did
+    not say where timm weights load (an audit's): it names ``vitrel.from_timm`` now, as load_model's does."""
+    from timm.models import save_for_hf
+
+    from vitrel.models.checkpoint import CheckpointError
+
+    save_for_hf(timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1), str(tmp_path), safe_serialization=True)
+    said = (
+        r"holds a vit_tiny_patch16_224 model, not vitrel_vit_tiny_patch16_224; timm weights load with vitrel\.from_timm"
+    )
+    for given in (tmp_path, tmp_path / "model.safetensors"):
+        with pytest.raises(CheckpointError, match=said):
+            timm.create_model(
+                "vitrel_vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file=str(given))
+            )
+        with pytest.raises(CheckpointError, match=r"timm weights load with vitrel\.from_timm"):
+            vitrel.load_model(given, architecture="vitrel_vit_tiny_patch16_224")
+
+
 # ---------------------------------------------------------------------------- the EMA copy of a training checkpoint
 @pytest.mark.parametrize("ema_eval", [True, False])
 def test_timm_file_route_takes_the_weights_load_model_takes(ema_eval, tmp_path):

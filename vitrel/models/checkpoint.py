@@ -71,6 +71,7 @@ from vitrel.pos.base import PositionScheme
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
 
 __all__ = [
+    "timm_route",
     "CheckpointError",
     "extract_model_state",
     "clean_state_dict",
@@ -353,6 +354,12 @@ def _adapt_in_chans(sd: dict[str, Tensor], stored: int | None, wanted: int | Non
     return {**sd, "patch_embed.proj.weight": flat.reshape(w.shape[0], wanted, *w.shape[2:])}
 
 
+def timm_route(arch: Any) -> str:
+    """For a refusal of weights stored as timm's ``arch`` (not a vitrel model): where they load instead."""
+    timms = isinstance(arch, str) and not arch.startswith("vitrel_") and arch in timm.list_models()
+    return "; timm weights load with vitrel.from_timm(...)" if timms else ""
+
+
 def load_model(
     path: str | os.PathLike,
     architecture: str | None = None,
@@ -425,8 +432,7 @@ def load_model(
     arch = cfg.get("architecture")
     if arch not in MODEL_ARGS:
         raise CheckpointError(
-            f"{path} was written for the architecture {arch!r}, which vitrel does not know"
-            + ("; timm weights load with vitrel.from_timm(...)" if arch in timm.list_models() else "")
+            f"{path} was written for the architecture {arch!r}, which vitrel does not know" + timm_route(arch)
         )
     if architecture is not None and architecture != arch:
         raise CheckpointError(f"{path} holds a {arch} model, not {architecture}")

@@ -34,6 +34,7 @@ from vitrel.models.checkpoint import (
     read_weights,
     scheme_name,
     stored_config,
+    timm_route,
     warn_other_function,
 )
 from vitrel.models.ckpt_files import _resolve, run_checkpoint
@@ -92,7 +93,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         if stored is not None:
             arch = stored.get("architecture")
             if arch is not None and arch != name:
-                raise CheckpointError(f"{overlay['file']} holds a {arch} model, not {name}")
+                raise CheckpointError(f"{overlay['file']} holds a {arch} model, not {name}{timm_route(arch)}")
             differ = [f"{k}={kwargs[k]!r} (stored: {v!r})" for k, v in stored.items() if _differs(k, kwargs, v)]
             for k, v in stored.items():
                 if k != "architecture":

@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
+import vitrel.data.fashion_mnist as fm
 from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
 from vitrel.config import ConfigError
 from vitrel.data.datasets import seeded_split
@@ -309,6 +310,9 @@ def test_val_of_weights_that_record_no_split_warns_with_val_fraction_null(tmp_pa
     assert "split=val: export records no val split (a .ckpt does)" in caplog.text, caplog.text
 
 
+@pytest.mark.skipif(
+    not fm.DEBIAN_DIR.is_dir(), reason="Debian dataset-fashion-mnist not installed (.ci/run installs it)"
+)
 def test_a_full_fashion_mnist_run_is_not_scored_on_the_shipped_subset(tmp_path):
     """``train.py data=fashion_mnist_full``, then ``eval.py ckpt_path=<run>`` without ``data=``: the default group's
     images (the shipped 2k-test subset, 10 classes, 1 channel, as the run's) were scored in their place, silently,

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from vitrel.layers.norms import same_norm
 from vitrel.models.beit_import import Beit, beit_scheme, beit_tensors
-from vitrel.models.checkpoint import CheckpointError, load_weights
+from vitrel.models.checkpoint import CheckpointError, load_weights, scheme_name
 from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.naflex_import import NaFlexVit, naflex_abs_pos, naflex_embedding, naflex_tensors
@@ -556,7 +556,7 @@ def from_timm(
     if isinstance(t, (TimmSwin, TimmSwinV2)):
         warn_swin_padding(t, name)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
-    lost = rep.lost_position_warning(name, pos if isinstance(pos, str) else pos.get("name", pos))
+    lost = rep.lost_position_warning(name, str(scheme_name(pos)))
     if lost:
         warnings.warn(lost, stacklevel=2)
     return ours

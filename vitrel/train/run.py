@@ -90,7 +90,7 @@ from vitrel.train.run_figures import RunFigures
 from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
-from vitrel.train.sweepers import BASIC_SWEEPER, check_direction
+from vitrel.train.sweepers import BASIC_SWEEPER, better, check_direction
 from vitrel.train.target_keys import check_keys_taken, check_seed
 from vitrel.train.utils import (
     apply_matmul_precision,
@@ -461,7 +461,7 @@ def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> 
         if ckpt:
             _check_saved_when_scored(cb)
         if cb.monitor is None or cb.monitor in logged:
-            want = _better(cb.monitor)
+            want = better(cb.monitor)
             if want is not None and cb.mode != want:
                 raise ConfigError(
                     f"{type(cb).__name__}(monitor={cb.monitor}, mode={cb.mode}) would keep the worst value as the "
@@ -504,9 +504,3 @@ def _misnamed(name: str, known: Sequence[str]) -> bool:
     if name.startswith("test/") or (base != name and base in known):
         return True
     return bool(difflib.get_close_matches(name, known, n=1, cutoff=0.85))
-
-
-def _better(metric: str | None) -> str | None:
-    """``max`` for an accuracy, ``min`` for a loss, None for a metric of neither kind (or none)."""
-    name = str(metric).rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
-    return "max" if name.startswith("acc") else "min" if name == "loss" and metric is not None else None

@@ -18,6 +18,7 @@ from vitrel.config import ConfigError, data_val_fraction
 
 __all__ = [
     "BASIC_SWEEPER",
+    "better",
     "check_direction",
     "check_search",
     "is_seed",
@@ -136,13 +137,19 @@ def check_direction(target: str, direction: Any) -> None:
     if isinstance(direction, (list, tuple, ListConfig)):
         return
     direction = str(getattr(direction, "name", direction)).lower()
-    name = target.rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
-    want = "maximize" if name.startswith("acc") else "minimize" if name == "loss" else None
+    want = {"max": "maximize", "min": "minimize"}.get(better(target))
     if want is not None and direction in ("maximize", "minimize") and direction != want:
         raise ConfigError(
             f"optimized_metric={target} with the sweeper's direction {direction}: the search would seek the worst "
             f"runs; set hydra.sweeper.direction={want} (Optuna's default is minimize)"
         )
+
+
+def better(metric: str | None) -> str | None:
+    """``max`` for an accuracy, ``min`` for a loss (``val/acc1``, ``test/loss_epoch``), None for a metric of neither
+    kind (or none)."""
+    name = str(metric).rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
+    return "max" if name.startswith("acc") else "min" if name == "loss" and metric is not None else None
 
 
 def optuna_best(config: DictConfig, sweep_dir: Path, rows: list[dict[str, Any]], common: list[str]) -> str | None:

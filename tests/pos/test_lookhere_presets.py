@@ -193,7 +193,7 @@ def test_group_lists_as_the_authors_code(directions, heads):
 
 def test_other_head_counts():
     """Blocks of four dealt from the first group, the rest to the next: the authors' split where their code
-    builds (12, 16, 6 heads), the same rule elsewhere; every head gets a view and a slope."""
+    builds (12, 16 heads), the same rule elsewhere (6 heads included); every head gets a view and a slope."""
     assert [group_sizes(3, h) for h in (2, 3, 4, 6, 8, 12, 14, 16, 24)] == [
         [2, 0, 0],
         [3, 0, 0],

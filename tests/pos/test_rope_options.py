@@ -291,13 +291,65 @@ def test_swin_mixed_blocks_prepared_per_stage(monkeypatch):
         torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
 
 
-def test_mixed_blocks_with_augmentation_draw_per_block():
-    """DINOv3's coordinate augmentation keeps its per-block draws (states prepared one by one)."""
+def _one_draw(shift: float, jitter: float, rescale: float) -> list[float]:
+    """DINOv3's draws in its order (``RopePositionEmbedding.forward``): a shift per axis, a jitter factor per axis, one
+    rescale factor; rows first."""
+    sh = torch.empty(2, dtype=torch.float64).uniform_(-shift, shift)
+    jit = torch.empty(2, dtype=torch.float64).uniform_(-math.log(jitter), math.log(jitter)).exp()
+    res = torch.empty(1, dtype=torch.float64).uniform_(-math.log(rescale), math.log(rescale)).exp()
+    return [float(v) for v in (sh[0], sh[1], jit[0], jit[1], res[0])]
+
+
+AUG = {"coords": "normalized", "shift": 0.3, "jitter": 1.5, "rescale": 2.0}
+
+
+def test_augmentation_is_one_draw_per_forward_for_every_block():
+    """DINOv3 draws its coordinate augmentation once per forward and every block rotates by those coordinates: a ViT
+    whose blocks each own a rope2d_mixed scheme (their own frequencies) rotates block ``b`` by ``f^x_b c' + f^y_b r'``
+    with one draw ``(r + s_r) j_r m``, ``(c + s_c) j_c m`` (in DINOv3's units), written here from the equation."""
     torch.manual_seed(0)
-    pos = {"name": "rope2d_mixed", "coords": "normalized", "shift": 0.2}
-    m = _tiny_vit(pos, 2)
-    m.train()
+    m = _tiny_vit({"name": "rope2d_mixed", **AUG}, 3).double().train()
+    grid, like = Grid(4, 4), torch.empty(0, dtype=torch.float64)
+    torch.manual_seed(11)
+    states = m.position_states(grid, like)
+    torch.manual_seed(11)
+    s_r, s_c, j_r, j_c, res = _one_draw(AUG["shift"], AUG["jitter"], AUG["rescale"])
+    for blk, st in zip(m.blocks, states):
+        f = blk.attn.pos.freqs.detach()
+        p = m.num_prefix_tokens  # (the class token: angle 0)
+        want = torch.zeros(2, p + grid.n, f.shape[-1], dtype=torch.float64)
+        for r in range(grid.h):
+            for c in range(grid.w):
+                y = 2 * math.pi * ((2 * (r + 0.5) / grid.h - 1) + s_r) * j_r * res
+                x = 2 * math.pi * ((2 * (c + 0.5) / grid.w - 1) + s_c) * j_c * res
+                for h in range(2):
+                    for t in range(f.shape[-1]):
+                        want[h, p + r * grid.w + c, t] = f[0, h, t] * x + f[1, h, t] * y
+        torch.testing.assert_close(st.rope[0], want.cos(), atol=1e-12, rtol=0)
+        torch.testing.assert_close(st.rope[1], want.sin(), atol=1e-12, rtol=0)
     count = _CountOps()
-    with count:
-        m(torch.randn(2, 3, 16, 16))
-    assert count.calls.get("aten.cos") == 2
+    with count:  # every block's cos/sin still in one product
+        m(torch.randn(2, 3, 16, 16, dtype=torch.float64))
+    assert count.calls.get("aten.cos") == 1
+
+
+@pytest.mark.parametrize("name", ["rope2d_axial", "spiral_rope"])
+@pytest.mark.parametrize("sizes", [[(16, 16)], [(16, 16), (8, 12)]])
+def test_blocks_of_their_own_augment_as_one_shared_scheme(name, sizes):
+    """Schemes without parameters compute the same function whether the blocks share one scheme (``pos_share``) or
+    each own one, augmentation included: one draw per forward for every block, on full grids and on token layouts
+    (images of different sizes). Drawn per block, the blocks' coordinates would differ (an audit's)."""
+    pos = {"name": name, **AUG}
+    torch.manual_seed(0)
+    own = _tiny_vit(pos, 3).double().train()
+    shared = _tiny_vit(pos, 3, pos_share=True).double().train()
+    shared.load_state_dict(own.state_dict())
+    x = [torch.randn(3, h, w, dtype=torch.float64) for h, w in sizes]
+    x = x[0][None] if len(x) == 1 else x
+    outs = []
+    for model in (own, shared):
+        torch.manual_seed(5)
+        outs.append(model(x))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-12, rtol=0)
+    torch.manual_seed(6)
+    assert not torch.allclose(own(x), outs[0])  # (the draw changes the function)

@@ -240,11 +240,21 @@ class PositionScheme(nn.Module):
         no bias mask: ``[q, u/s] . [k, w] * s = q . k * s + u . w``."""
         return None
 
-    def rotation(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
-    ) -> tuple[Tensor, Tensor] | None:
-        """RoPE's ``(cos, sin)`` for ``grid`` (what ``rotate`` applies), or None."""
+    def draw(self) -> Tensor | None:
+        """The random draw of one forward for a scheme that augments its positions in training (DINOv3's coordinate
+        augmentation), shared by every image and block of the forward; None for a scheme without one."""
         return None
+
+    def rotation(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None, draw=None
+    ) -> tuple[Tensor, Tensor] | None:
+        """RoPE's ``(cos, sin)`` for ``grid`` (what ``rotate`` applies), or None. ``draw``: the forward's random
+        draw a scheme that augments its positions in training shares between the blocks (None: its own)."""
+        return None
+
+    def _rotation(self, grid: Grid, p: int, device: Any, dtype: Any, draw: Tensor | None) -> Any:
+        """:meth:`rotation`, given ``draw`` only where the scheme drew one (a scheme of one's own need not take it)."""
+        return self.rotation(grid, p, device, dtype) if draw is None else self.rotation(grid, p, device, dtype, draw)
 
     def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
         """``q, k [B, heads, N, d]`` rotated by the state's ``rope`` (``has_rotation``), or ``(q, k)`` without one. The
@@ -326,6 +336,7 @@ class PositionScheme(nn.Module):
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
         kernel: KernelLike | None = None,
+        draw: Tensor | None = None,
     ) -> PosState:
         """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs
         ``kernel`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
@@ -335,13 +346,15 @@ class PositionScheme(nn.Module):
         :func:`vitrel.kernels.resolve` chooses for ``attn_impl``); a kernel that cannot run the scheme raises here. With
         None the state holds the dense bias (what ``sdpa``, ``eager`` and ``shaw`` read) and no kernel: the attention
         layer it is given to binds it to its own (:meth:`bind`). ``grid``: a grid or a
-        :class:`~vitrel.layout.tokens.TokenLayout`.
+        :class:`~vitrel.layout.tokens.TokenLayout`. ``draw``: the forward's random draw, shared by the blocks
+        (:meth:`rotation`).
         """
         self.check_kernel(kernel)
+        draw = self.draw() if draw is None else draw  # (one for the forward: every image of a layout too)
         if isinstance(grid, TokenLayout):
-            return self._prepare_layout(grid, device, dtype, kernel)
+            return self._prepare_layout(grid, device, dtype, kernel, draw=draw)
         grid, p = self.check_grid(grid), num_prefix_tokens
-        rope = self.rotation(grid, p, device, dtype)
+        rope = self._rotation(grid, p, device, dtype, draw)
         return PosState(self, grid, p, rope=rope, kernel=kernel, **self.kernel_inputs(kernel, grid, p))
 
     def check_kernel(self, kernel: KernelLike | None) -> None:
@@ -405,6 +418,7 @@ class PositionScheme(nn.Module):
         dtype: torch.dtype | None,
         kernel: KernelLike | None,
         rope: tuple[Tensor, ...] | None = None,
+        draw: Tensor | None = None,
     ) -> PosState:
         """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
@@ -424,7 +438,7 @@ class PositionScheme(nn.Module):
         grids = layout.grids
         extent = Grid(max(g.h for g in grids), max(g.w for g in grids))
         mask = segment_mask(layout, dtype or torch.float32)
-        rots = [self.rotation(g, p, device, dtype) for g in grids] if rope is None else [None]
+        rots = [self._rotation(g, p, device, dtype, draw) for g in grids] if rope is None else [None]
         if rots[0] is not None:
             axes = self.rotation_axes(rots[0])
             rope = tuple(
@@ -466,13 +480,10 @@ class PositionScheme(nn.Module):
     ) -> list[PosState]:
         """The states of a model's blocks' own schemes for one forward, ``kernels[i]`` the kernel of block ``i``'s
         attention (None: the dense states of :meth:`prepare`): runs of schemes of one class and one kernel prepared
-        together (``prepare_many``) on a grid; each scheme's ``prepare`` on a
-        :class:`~vitrel.layout.tokens.TokenLayout`."""
+        together (``prepare_many``), on a grid or a :class:`~vitrel.layout.tokens.TokenLayout`."""
         kernels = [None] * len(schemes) if kernels is None else list(kernels)
         if len(kernels) != len(schemes):
             raise ValueError(f"{len(schemes)} schemes and {len(kernels)} kernels")
-        if isinstance(grid, TokenLayout):
-            return [s.prepare(grid, num_prefix_tokens, device, dtype, k) for s, k in zip(schemes, kernels)]
         states: list[PosState] = []
         i = 0
         while i < len(schemes):

@@ -18,7 +18,9 @@ __all__ = [
     "geometric_freqs",
     "rope1d_angles",
     "rope_coords",
+    "apply_augment",
     "augment_coords",
+    "draw_augment",
     "rope2d_axial_angles",
     "rope2d_mixed_angles",
     "init_mixed_freqs",
@@ -65,15 +67,33 @@ def augment_coords(
     r: Tensor, c: Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
 ) -> tuple[Tensor, Tensor]:
     """DINOv3's training-time coordinate augmentation (same draws, same order: shift, jitter, rescale;
-    row axis first), on coordinates in DINOv3's units (``rope_coords`` without the ``2 pi``)."""
-    rc = torch.stack((r, c), dim=-1)
+    row axis first), on coordinates in DINOv3's units (``rope_coords`` without the ``2 pi``): one
+    :func:`draw_augment` applied by :func:`apply_augment`."""
+    return apply_augment(r, c, draw_augment(shift, jitter, rescale, r.device, r.dtype))
+
+
+def draw_augment(
+    shift: float | None, jitter: float | None, rescale: float | None, device: torch.device | None, dtype: torch.dtype
+) -> Tensor:
+    """One draw of DINOv3's coordinate augmentation, ``[shift_r, shift_c, jitter_r, jitter_c, rescale]`` (0 and 1
+    where an option is off), from torch's generator in DINOv3's order: a uniform shift per axis in ``[-shift,
+    shift]``, a log-uniform factor per axis in ``[1/jitter, jitter]``, one log-uniform factor in ``[1/rescale,
+    rescale]``. DINOv3 draws once per forward for every block (``RopePositionEmbedding`` at the model level)."""
+    out = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0], dtype=dtype, device=device)
     if shift:
-        rc = rc + torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-shift, shift)
+        out[:2] = torch.empty(2, dtype=dtype, device=device).uniform_(-shift, shift)
     if jitter:
-        rc = rc * torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
+        out[2:4] = torch.empty(2, dtype=dtype, device=device).uniform_(-math.log(jitter), math.log(jitter)).exp()
     if rescale:
         m = math.log(rescale)
-        rc = rc * torch.empty(1, dtype=rc.dtype, device=rc.device).uniform_(-m, m).exp()
+        out[4:] = torch.empty(1, dtype=dtype, device=device).uniform_(-m, m).exp()
+    return out
+
+
+def apply_augment(r: Tensor, c: Tensor, draw: Tensor) -> tuple[Tensor, Tensor]:
+    """Coordinates (DINOv3's units) moved by a :func:`draw_augment`: ``(x + shift) * jitter * rescale`` per axis."""
+    d = draw.to(device=r.device, dtype=r.dtype)
+    rc = (torch.stack((r, c), dim=-1) + d[:2]) * d[2:4] * d[4]
     return rc[..., 0], rc[..., 1]
 
 

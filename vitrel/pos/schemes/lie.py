@@ -254,7 +254,7 @@ class _LieRotation(ReferenceGrid, PositionScheme):
         return lie_positions(grid, num_prefix_tokens, self.coords, self.cls_position, device, dtype, self.ref)
 
     def rotation(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None, draw=None
     ) -> tuple[Tensor, ...]:
         """``(R,)``, ``R [heads, P + H*W, d / b, b, b]``, in at least float32 (the generators' dtype if wider).
 

@@ -48,11 +48,11 @@ every four heads: the single-set form, vitrel's ``fov`` before the presets), a l
 first group: group ``g`` of ``G`` gets ``floor(B / G)`` blocks, plus one if ``g < B mod G``
 (``B = floor(heads / 4)``), and the ``heads mod 4`` heads left over go to the next group in turn
 (group ``B mod G``), which then uses the first views of its set. This is the authors' split wherever
-their code builds (12 heads: 4/4/4 for three groups, 8/4 for two; 16 heads: 8/4/4, 8/8, 4/4/4/4; 6 heads:
-4 + the first 2 views of the second set); elsewhere it continues the same rule: with three groups, 4
-heads get the first set only (LH-180 at 4 heads is ``halves``), 8 heads the first two sets, 6 heads
-4 of the first and 2 of the second, 24 heads 8/8/8. :attr:`LookHere.groups` lists each group's
-head count.
+their code builds (12 heads: 4/4/4 for three groups, 8/4 for two; 16 heads: 8/4/4, 8/8, 4/4/4/4; their
+``create_lh_layer_tensor`` fails at 6 heads for the three presets); elsewhere it continues the same
+rule: with three groups, 4 heads get the first set only (LH-180 at 4 heads is ``halves``), 8 heads
+the first two sets, 6 heads 4 of the first and 2 of the second (vitrel's), 24 heads 8/8/8.
+:attr:`LookHere.groups` lists each group's head count.
 
 Views and penalty depend on the offset only, so the scheme is relative (translation-equivariant) and
 runs on any grid, in windows too. The masked directions are ``-inf`` in the bias (the authors fill

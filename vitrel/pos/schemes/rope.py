@@ -34,8 +34,8 @@ Options of the 2-D schemes (``rope2d_axial``, ``rope2d_mixed``):
   ``2 pi r' omega_t`` (DINOv3's periods ``base^(4t/d)``): a larger grid *interpolates* between angles
   seen in training. Training-time coordinate augmentation as DINOv3 (``shift``: one uniform offset
   in ``[-shift, shift]`` per axis; ``jitter``: one log-uniform factor in ``[1/jitter, jitter]`` per
-  axis; ``rescale``: one log-uniform factor shared by both axes; drawn once per forward, in
-  training only; ``None`` = off).
+  axis; ``rescale``: one log-uniform factor shared by both axes; drawn once per forward for every
+  block, as DINOv3's model-level ``RopePositionEmbedding``, in training only; ``None`` = off).
 * ``grid_offset`` (``coords="index"``; default 0): the patches' coordinates start at it, ``r + grid_offset``. The
   unrotated prefix tokens sit at 0, so ``grid_offset=1`` places the class token one row and one column before the
   first patch, as the Perception Encoder's RoPE (timm's ``vit_pe_*``, ``rope_grid_offset=1``); patch<->patch
@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.reference import ReferenceGrid
@@ -76,7 +77,9 @@ from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_angles import (
     AXIAL_ORDERS,
     COORDS,
+    apply_augment,
     augment_coords,
+    draw_augment,
     geometric_freqs,
     init_mixed_freqs,
     rope1d_angles,
@@ -184,7 +187,7 @@ class _Rope(ReferenceGrid, PositionScheme):
         factor = self.scaling_factors(grid)[axis]
         return scale_geometric(self.scaling, dim, self.base, factor, built, call, dtype)
 
-    def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype):
+    def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype, draw=None):
         raise NotImplementedError  # pragma: no cover - overridden
 
     def basis(self) -> Tensor | None:
@@ -192,16 +195,17 @@ class _Rope(ReferenceGrid, PositionScheme):
         return None
 
     def rotation_table(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype, draw=None
     ) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` for the forward pass (``cos_sin`` here)."""
-        return self.cos_sin(grid, num_prefix_tokens, device, dtype)
+        return self.cos_sin(grid, num_prefix_tokens, device, dtype, draw)
 
     def rotation(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None, draw=None
     ) -> tuple[Tensor, ...]:
-        """``(cos, sin)``, or ``(cos, sin, P)`` with STRING's basis."""
-        cs = self.rotation_table(grid, num_prefix_tokens, device, dtype or torch.float32)
+        """``(cos, sin)``, or ``(cos, sin, P)`` with STRING's basis; ``draw``: the forward's coordinate augmentation
+        (:meth:`Rope2dOptions.draw`), drawn here when None."""
+        cs = self.rotation_table(grid, num_prefix_tokens, device, dtype or torch.float32, draw)
         p = self.basis()
         return cs if p is None else (*cs, p)
 
@@ -243,11 +247,11 @@ class FixedRope(GridBuffers, _Rope):
         self.register_buffer("built_sin", sin, persistent=False)
 
     def rotation_table(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype, draw=None
     ) -> tuple[Tensor, Tensor]:
         dtype = _table_dtype(dtype)
         if getattr(self, "augmenting", False):  # fresh coordinates every forward
-            return self._cos_sin(grid, num_prefix_tokens, device, dtype)
+            return self._cos_sin(grid, num_prefix_tokens, device, dtype, draw)
         cos = self.built_cos
         if (
             self.at_built_grid(grid, num_prefix_tokens)
@@ -257,19 +261,19 @@ class FixedRope(GridBuffers, _Rope):
             return cos, self.built_sin
         return self._cos_sin(grid, num_prefix_tokens, device, dtype)
 
-    def angles(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
+    def angles(self, grid: Grid, draw: Tensor | None = None) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def cos_sin(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype, draw=None
     ) -> tuple[Tensor, Tensor]:
         """``cos/sin`` of ``[P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), computed in float64 then cast."""
-        return self._cos_sin(grid, num_prefix_tokens, device, _table_dtype(dtype))
+        return self._cos_sin(grid, num_prefix_tokens, device, _table_dtype(dtype), draw)
 
     def _cos_sin(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype, draw=None
     ) -> tuple[Tensor, Tensor]:
-        theta = F.pad(self.angles(grid), (0, 0, num_prefix_tokens, 0))
+        theta = F.pad(self.angles(grid, draw), (0, 0, num_prefix_tokens, 0))
         m = self.attention_factor(grid)
         cos, sin = (theta.cos(), theta.sin()) if m == 1.0 else (theta.cos() * m, theta.sin() * m)
         return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
@@ -337,16 +341,41 @@ class Rope2dOptions(_Rope):
     def augmenting(self) -> bool:
         return self.training and bool(self.shift or self.jitter or self.rescale)
 
-    def patch_rc(self, grid: Grid, device: torch.device | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Coordinates of the patches for the angles, augmented in training (see the module docstring)."""
-        r, c = rope_coords(grid, self.coords, device, dtype)
+    def coords_on(self) -> tuple[torch.device | None, torch.dtype]:
+        """The device and dtype of the patches' coordinates (the angles' working precision)."""
+        return None, torch.float64
+
+    def draw(self) -> Tensor | None:
+        """One draw of the coordinate augmentation (:func:`draw_augment`) for a forward, None when not augmenting.
+        A model's blocks share it (:meth:`prepare_many`), as DINOv3's do."""
+        return draw_augment(self.shift, self.jitter, self.rescale, *self.coords_on()) if self.augmenting else None
+
+    def patch_rc(self, grid: Grid, draw: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Coordinates of the patches for the angles, augmented in training by ``draw`` (drawn here when None; see
+        the module docstring)."""
+        r, c = rope_coords(grid, self.coords, *self.coords_on())
         if self.grid_offset:
             r, c = r + self.grid_offset, c + self.grid_offset
         if self.augmenting:
             two_pi = 2 * math.pi  # augment in DINOv3's units
-            r, c = augment_coords(r / two_pi, c / two_pi, self.shift, self.jitter, self.rescale)
+            r, c = apply_augment(r / two_pi, c / two_pi, self.draw() if draw is None else draw)
             r, c = r * two_pi, c * two_pi
         return r, c
+
+    @classmethod
+    def prepare_many(
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, kernel=None
+    ) -> list[PosState]:
+        """Blocks that augment their coordinates alike share one draw per forward (DINOv3's ``RopePositionEmbedding``
+        serves every block); otherwise each scheme's ``prepare``."""
+
+        def aug(s: Any) -> tuple:
+            return (type(s), s.augmenting, s.shift, s.jitter, s.rescale, s.coords_on())
+
+        draw = schemes[0].draw() if schemes and all(aug(s) == aug(schemes[0]) for s in schemes) else None
+        if draw is None:
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, kernel)
+        return [s.prepare(grid, num_prefix_tokens, device, dtype, kernel, draw=draw) for s in schemes]
 
     def basis(self) -> Tensor | None:
         return None if self.string is None else string_basis(self.string, self.basis_kind)
@@ -366,7 +395,7 @@ class Rope1d(FixedRope):
     _axes = 1
     depends_on_extent = True
 
-    def angles(self, grid: Grid) -> Tensor:
+    def angles(self, grid: Grid, draw: Tensor | None = None) -> Tensor:
         if self.scaling is None:
             return rope1d_angles(grid, self.head_dim, self.base)
         p = torch.arange(grid.n, dtype=torch.float64)
@@ -397,8 +426,8 @@ class Rope2dAxial(Rope2dOptions, FixedRope):
         """Before format 5 ``rope2d_axial`` put the columns first."""
         return options if written_format >= 5 else {"order": "columns_first", **options}
 
-    def angles(self, grid: Grid) -> Tensor:
-        rc = self.patch_rc(grid, None, torch.float64)
+    def angles(self, grid: Grid, draw: Tensor | None = None) -> Tensor:
+        rc = self.patch_rc(grid, draw)
         if self.scaling is None:
             theta = rope2d_axial_angles(grid, self.head_dim, self.base, rc=rc)
         else:
@@ -439,12 +468,16 @@ class Rope2dMixed(Rope2dOptions):
         with torch.no_grad():
             self.freqs.copy_(init_mixed_freqs(self.num_heads, self.head_dim, self.base, self.rotate_init))
 
-    def cos_sin(self, grid: Grid, num_prefix_tokens: int = 0, *_: Any) -> tuple[Tensor, Tensor]:
+    def coords_on(self) -> tuple[torch.device | None, torch.dtype]:
+        return self.freqs.device, torch.promote_types(self.freqs.dtype, torch.float32)
+
+    def cos_sin(
+        self, grid: Grid, num_prefix_tokens: int = 0, device=None, dtype=None, draw=None
+    ) -> tuple[Tensor, Tensor]:
         """``cos/sin`` of ``[heads, P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), on the
         frequencies' device, in at least float32 (the device / dtype arguments of the protocol are
         not used: the frequencies decide)."""
-        work = torch.promote_types(self.freqs.dtype, torch.float32)
-        rc = self.patch_rc(grid, self.freqs.device, work)
+        rc = self.patch_rc(grid, draw)
         theta = rope2d_mixed_angles(self.scaled_freqs(self.freqs, grid), grid, rc)
         return self._cos_sin_of(F.pad(theta, (0, 0, num_prefix_tokens, 0)), grid)
 
@@ -469,31 +502,33 @@ class Rope2dMixed(Rope2dOptions):
     ) -> list[PosState]:
         """Every block's ``cos/sin`` (and STRING basis) in one product, as RoPE-ViT computes ``freqs_cis`` for
         all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or
-        sizes, or draw DINOv3's coordinate augmentation (one draw per block), are prepared one by one."""
+        sizes, or on token layouts, are prepared one by one (one augmentation draw for all: :meth:`draw`)."""
         first = schemes[0] if schemes else None
-        together = len(schemes) > 1 and all(
-            type(s) is cls
-            and not s.augmenting
-            and (s.coords, s.basis_kind, s.scaling, s.base, s.grid, s.freqs.shape, s.freqs.dtype, s.freqs.device)
-            == (
-                first.coords,
-                first.basis_kind,
-                first.scaling,
-                first.base,
-                first.grid,
-                first.freqs.shape,
-                first.freqs.dtype,
-                first.freqs.device,
+        together = (
+            not isinstance(grid, TokenLayout)
+            and len(schemes) > 1
+            and all(
+                type(s) is cls
+                and (s.coords, s.basis_kind, s.scaling, s.base, s.grid, s.freqs.shape, s.freqs.dtype, s.freqs.device)
+                == (
+                    first.coords,
+                    first.basis_kind,
+                    first.scaling,
+                    first.base,
+                    first.grid,
+                    first.freqs.shape,
+                    first.freqs.dtype,
+                    first.freqs.device,
+                )
+                for s in schemes
             )
-            for s in schemes
         )
         if not together:
             return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, kernel)
         grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
         first.check_kernel(kernel)  # (says why a kernel cannot run the scheme)
         f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
-        work = torch.promote_types(f.dtype, torch.float32)
-        rc = first.patch_rc(grid, f.device, work)
+        rc = first.patch_rc(grid)  # (one augmentation draw for every block)
         theta = F.pad(rope2d_mixed_angles(first.scaled_freqs(f, grid), grid, rc), (0, 0, p, 0))
         cos, sin = (t.unflatten(0, (layers, -1)).unbind(0) for t in first._cos_sin_of(theta, grid))
         if first.string is None:

@@ -191,7 +191,7 @@ class Rope3dAxial(FixedRope):
             return torch.ones(1, dtype=dtype)  # NTK's base change leaves base^0 = 1 (its exponent d/(d-2) is 0/0)
         return self.axis_omega(axis, dim, grid, dtype)
 
-    def angles(self, grid: Any) -> Tensor:
+    def angles(self, grid: Any, draw: Tensor | None = None) -> Tensor:
         """``theta [T*H*W, d/2]``: pair ``j < st + sh + sw`` at ``x_{a(j)} omega_j``, the other pairs 0."""
         grid = as_grid3(grid)
         x = _coords(grid, None, torch.float64)[torch.tensor(self.axes)]  # [R, N]

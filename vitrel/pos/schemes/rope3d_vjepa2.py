@@ -68,7 +68,7 @@ class Rope3dVjepa2(FixedRope):
         if "sections" in self.__dict__:  # (FixedRope's __init__ calls this before the sections are set)
             super()._init_buffers()
 
-    def angles(self, grid: Any) -> Tensor:
+    def angles(self, grid: Any, draw: Tensor | None = None) -> Tensor:
         """``theta [T*H*W, head_dim]``: channel ``c`` of axis ``a``'s section at ``x_a omega_(c mod D/2)``."""
         grid = as_grid3(grid)
         x = _coords(grid, None, torch.float64)  # [3, N]

@@ -66,8 +66,8 @@ class SpiralRope(Rope2dOptions, FixedRope):
         omega = geometric_freqs(self.base, self.head_dim, 2, None, dtype)  # [d / 2]
         return omega.view(per, k).t()  # direction k: t = k, k + K, ...
 
-    def angles(self, grid: Grid) -> Tensor:
-        r, c = self.patch_rc(grid, None, torch.float64)
+    def angles(self, grid: Grid, draw: Tensor | None = None) -> Tensor:
+        r, c = self.patch_rc(grid, draw)
         if self.scaling is not None:
             fr, fc = self.scaling_factors(grid)
             r, c = r / fr, c / fc

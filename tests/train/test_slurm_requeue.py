@@ -130,3 +130,39 @@ def test_a_folder_of_another_start_is_not_mixed_with_a_file_given(steps, tmp_pat
     own = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=3"]
     assert _fit(run, own, monkeypatch) == 6
     assert _fit(run, [f"ckpt_path={steps[3]}", "trainer.max_epochs=2", "resume=false"], monkeypatch) == 3
+
+
+class SaveAsRequeue(L.Callback):
+    """Save ``path`` where Lightning's ``SIGUSR1`` handler may: at the start of training step ``at_step`` (its batch
+    drawn, not trained) or after the first batch of the validation at step ``at_step`` (the rest not run)."""
+
+    def __init__(self, path, at_step: int, during: str) -> None:
+        self.path, self.at_step, self.during = path, at_step, during
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.during == "step" and trainer.global_step == self.at_step:
+            trainer.save_checkpoint(self.path)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.during == "validation" and not trainer.sanity_checking and trainer.global_step == self.at_step:
+            trainer.save_checkpoint(self.path) if batch_idx == 0 else None
+
+
+@pytest.mark.parametrize("during", ["step", "validation"])
+def test_a_requeue_checkpoint_saved_within_a_step_or_a_validation_is_passed_over(
+    steps, tmp_path, monkeypatch, during, caplog
+):
+    """Lightning's requeue file saved mid-validation (step 6; ``last.ckpt`` at step 3): resumed from it, the schedule
+    went back an epoch and that validation never ran (an audit: test top-1 0.323 against 0.302 uninterrupted); saved
+    at a step's start, that step's batch was skipped. Such a file is passed over, with a warning, for ``last.ckpt``;
+    vitrel's own save at a step's end is taken (the first test)."""
+    over = [o for o in OVER if not o.startswith("trainer.limit_val_batches")] + ["trainer.limit_val_batches=2"]
+    hpc = tmp_path / f"{during}.ckpt"
+    at = 4 if during == "step" else 6
+    train(compose(tmp_path / "src", [*over, "trainer.max_epochs=2"]), callbacks=[SaveAsRequeue(hpc, at, during)])
+    assert _step(hpc) == at
+    run = _folder(tmp_path / "a", last=steps[3], hpc=hpc)
+    with pytest.warns(UserWarning, match=rf"hpc_ckpt_1.ckpt, Lightning's SLURM requeue checkpoint of step {at}, was "
+                      rf"saved during a {'training step' if during == 'step' else 'validation'}.* passed over for "
+                      rf".*last.ckpt \(step 3\)"):  # fmt: skip
+        assert _fit(run, ["trainer.max_epochs=3"], monkeypatch) == 3

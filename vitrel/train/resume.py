@@ -6,7 +6,6 @@ itself, and the training order it continues, are :mod:`vitrel.train.exact_resume
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,9 @@ from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position
 from vitrel.train.last_checkpoint import last_checkpoint_file
 from vitrel.train.progress import CountValidations
+from vitrel.train.requeue import drop_requeue_checkpoints, drop_requeue_files, newest_checkpoint, requeue_checkpoints
+from vitrel.train.requeue import load_keys as _load
+from vitrel.train.requeue import same_file as _same_file
 from vitrel.train.run_times import RunTimes
 from vitrel.train.sweep_files import MAY_DIFFER, SWEEP_JOB, sweep_folder, sweep_plan
 from vitrel.train.sweepers import BASIC_SWEEPER
@@ -435,14 +437,14 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
         p = given_checkpoint(str(ck), say=True)
         if check_resume(cfg) == "auto":
             return str(_continued(p, last, run_dir, root))
-        _drop_requeue_files(root, f"this run starts from ckpt_path={ck} (resume=false)", keep=p)
+        drop_requeue_files(root, f"this run starts from ckpt_path={ck} (resume=false)", keep=p)
         return str(p)
     resume = check_resume(cfg)
     newest = newest_checkpoint(last, root) if resume == "auto" else None
     if newest is not None:
         rank_zero_info(f"resume=auto: resuming from {newest} (set resume=false to start over in this folder)")
         return str(newest)
-    _drop_requeue_files(root, "this run starts over (resume=false)")
+    drop_requeue_files(root, "this run starts over (resume=false)")
     return None
 
 
@@ -495,75 +497,3 @@ def _continued(given: Path, last: Path, run_dir: Path, root: Path) -> Path:
         "requeue checkpoints removed, its others replaced as the run saves); ckpt_path=last continues the folder's "
         "run; or give a new run folder."
     )
-
-
-def _same_file(a: str | Path, b: str | Path) -> bool:
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
-
-
-def requeue_checkpoints(root: str | Path) -> list[Path]:
-    """Lightning's SLURM requeue checkpoints, ``hpc_ckpt_<n>.ckpt`` in ``root`` (the trainer's
-    ``default_root_dir``, where its ``SIGUSR1`` handler saves them), by ``n``."""
-    root = Path(root)
-    found = root.glob("hpc_ckpt_*.ckpt") if root.is_dir() else ()
-    return sorted((p for p in found if p.stem[9:].isdigit()), key=lambda p: int(p.stem[9:]))
-
-
-def newest_checkpoint(last: Path, root: str | Path) -> Path | None:
-    """The run folder's checkpoint a resume continues: the newest by global step of ``last`` (its ``last.ckpt``) and
-    Lightning's requeue checkpoints in ``root`` (:func:`requeue_checkpoints`), a tie to ``last.ckpt``; None without
-    any. Lightning loads the newest requeue file itself only when no checkpoint is passed to the fit, and then
-    without comparing it with ``last.ckpt`` and without vitrel's checks: passed here, it gets them."""
-    found = [p for p in (last, *reversed(requeue_checkpoints(root))) if p.is_file()]
-    if len(found) < 2:
-        return found[0] if found else None
-    return max(found, key=_global_step)  # (the first of equals: last.ckpt, then the higher n)
-
-
-def _global_step(path: Path) -> int:
-    return int(_load(path).get("global_step", -1))
-
-
-def _load(path: Path) -> Mapping[str, Any]:
-    """The checkpoint at ``path``, its tensors left on disk where it can (a zip file); ``{}`` for no mapping."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except Exception:
-        check_checkpoint(path)  # (a truncated or foreign file: its CheckpointError)
-        raise
-    return ckpt if isinstance(ckpt, Mapping) else {}
-
-
-def _drop_requeue_files(root: str | Path, why: str, keep: Path | None = None) -> list[Path]:
-    """Remove the requeue checkpoints in ``root`` (but ``keep``, the one the run starts from), logged with ``why``:
-    under SLURM Lightning would load the newest into any fit or test given no checkpoint, and a later resume would
-    take one newer than the run's own. Every rank removes them (the same files: none is needed by any)."""
-    found = [p for p in requeue_checkpoints(root) if keep is None or not _same_file(p, keep)]
-    for p in found:
-        p.unlink(missing_ok=True)
-    if found:
-        rank_zero_info(f"removed Lightning's SLURM requeue checkpoint(s) {', '.join(p.name for p in found)}: {why}")
-    return found
-
-
-def drop_requeue_checkpoints(trainer: L.Trainer) -> list[Path]:
-    """Remove Lightning's SLURM requeue checkpoints (``hpc_ckpt_<n>.ckpt``, written on ``SIGUSR1`` in the trainer's
-    ``default_root_dir``) once the fit has finished, and return them. Under SLURM Lightning loads the newest of them
-    in any ``trainer.test(module)`` (``ckpt_path=None`` means ``"hpc"`` there), so the test scored the weights of the
-    signal's step, not the fitted ones, and so did a run resumed in the folder later. Rank 0 removes them; every rank
-    waits for it, so that all test the same weights."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    if not SLURMEnvironment.detect():
-        return []
-    root = Path(str(trainer.default_root_dir))
-    found = requeue_checkpoints(root)
-    trainer.strategy.barrier("vitrel_hpc_ckpt_seen")  # (every rank has looked before rank 0 removes them)
-    if trainer.is_global_zero:
-        _drop_requeue_files(
-            root,
-            "the finished fit supersedes them (under SLURM trainer.test would load them in place of the fitted "
-            "weights)",
-        )
-    trainer.strategy.barrier("vitrel_hpc_ckpt_removed")
-    return found

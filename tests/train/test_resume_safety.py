@@ -404,6 +404,27 @@ def test_a_moved_run_folder_resumes_keeping_its_best_checkpoint_and_score(tmp_pa
     assert best["best_model_path"] == str(ckpts / "best-epoch000.ckpt") and float(best["best_model_score"]) == 0.0
 
 
+def test_a_resume_after_a_kill_between_the_best_and_last_saves_names_no_gone_file(tmp_path):
+    """Killed after writing a new best file (which removes the previous one) and before ``last.ckpt``: the resumed
+    state named the removed file, and a replayed epoch that scored lower left ``metrics.json``'s ``best_ckpt`` naming
+    a file that is gone (an audit's), beside the killed run's best file no state names. Both are now warned about,
+    and the best is chosen among the files left and the validations from there (here the gone file was the best)."""
+    import shutil
+
+    base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false"]
+    base += ["logger=none", "callbacks.model_checkpoint.monitor=epoch", "callbacks.model_checkpoint.mode=min"]
+    train(compose(tmp_path, [*base, "trainer.max_epochs=1"]))
+    ckpts = tmp_path / "checkpoints"
+    shutil.move(ckpts / "best-epoch000.ckpt", ckpts / "best-epoch001.ckpt")  # (what the killed run left)
+    with pytest.warns(UserWarning) as said:
+        train(compose(tmp_path, [*base, "trainer.max_epochs=2"]))  # resume=auto
+    text = " ".join(str(w.message) for w in said)
+    assert "best-epoch000.ckpt, the resumed checkpoint's best file(s), are gone from" in text
+    assert "best-epoch001.ckpt in " in text and "not among the resumed checkpoint's best files" in text
+    res = json.loads((tmp_path / "metrics.json").read_text())
+    assert Path(res["best_ckpt"]).is_file() and res["best_ckpt"] == str(ckpts / "best-epoch001-v1.ckpt")
+
+
 # ------------------------------------------------------------------------------------------ the resumed split
 def test_resume_with_another_validation_split_is_refused(tmp_path):
     """A resume (resume=auto or ckpt_path) holds out the split its checkpoint trained with: another ``data.seed`` or

@@ -115,3 +115,16 @@ def test_a_direction_against_the_metric_stops_the_sweep_in_one_line(tmp_path):
     said = "train.py: ConfigError: optimized_metric=val/loss with the sweeper's direction maximize"
     assert said in r.stderr and "hydra.sweeper.direction=minimize" in r.stderr, r.stderr[-2000:]
     assert not list((tmp_path / "sweep").glob("0")), "no job ran"
+
+
+def test_the_slurm_launcher_without_a_number_of_devices_stops_the_sweep_in_one_line(tmp_path):
+    """``train.py -m hydra/launcher=slurm trainer=ddp`` (``devices: auto``): OmegaConf's interpolation error about
+    ``hydra.launcher.gpus_per_node`` (an audit's), which did not say what to give. Now one line naming
+    ``trainer.devices``, before any job is submitted."""
+    from tests.train_helpers import run_script_forked
+
+    args = ["-m", "hydra/launcher=slurm", "trainer=ddp", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    r = run_script_forked("train.py", args, cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    assert "train.py: ConfigError: hydra/launcher=slurm sizes every job from trainer.devices" in r.stderr
+    assert "which is 'auto': give the sweep a number, e.g. trainer.devices=8" in r.stderr

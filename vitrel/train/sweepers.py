@@ -108,8 +108,9 @@ def is_seed(override: str) -> bool:
 
 
 def check_search(config: DictConfig) -> None:
-    """As a sweep starts: refuse a search sweeper's search of the seed (:func:`searched_seed`), or its ``direction``
-    against ``optimized_metric`` (:func:`check_direction`), with a one-line error (``SystemExit``: Hydra turns a
+    """As a sweep starts: refuse a search sweeper's search of the seed (:func:`searched_seed`), its ``direction``
+    against ``optimized_metric`` (:func:`check_direction`), or the SLURM launcher without a number of devices (its
+    jobs' size; OmegaConf's interpolation error otherwise), with a one-line error (``SystemExit``: Hydra turns a
     callback's ``Exception`` into a warning), and warn when its best trial is picked
     on the test split (:func:`picked_on_test`)."""
     if seed := searched_seed(config):
@@ -117,6 +118,13 @@ def check_search(config: DictConfig) -> None:
             f"{Path(sys.argv[0]).name}: ConfigError: {seed}: the {_sweeper_name(config)} sweeper would search the "
             "seed as a hyperparameter and report the luckiest one as its best trial; search with one seed, then "
             "run the chosen values over seeds (-m ... seed=0,1,2) for their mean"
+        )
+    launcher = str((config.hydra.get("launcher") or {}).get("_target_", ""))
+    devices = (config.get("trainer") or {}).get("devices")
+    if launcher.endswith("SlurmLauncher") and not isinstance(devices, int):
+        raise SystemExit(
+            f"{Path(sys.argv[0]).name}: ConfigError: hydra/launcher=slurm sizes every job from trainer.devices (its "
+            f"tasks and GPUs per node), which is {devices!r}: give the sweep a number, e.g. trainer.devices=8"
         )
     target, direction = config.get("optimized_metric"), (config.hydra.get("sweeper") or {}).get("direction")
     if target and direction is not None:  # (each job checks it too: a traceback per job under -m)

@@ -112,3 +112,29 @@ def test_scored_variants_are_checked(extrapolation, tmp_path):
     ((failed),) = json.loads((tmp_path / "study_extrapolation.json").read_text())["failed"]
     assert failed["scheme"] == "y" and failed["error"].startswith("ValueError: a scored study variant")
     assert "must have the trained entry's parameters" in failed["error"]
+
+
+@pytest.mark.slow
+def test_a_variant_scored_later_is_paired_only_with_its_entrys_own_training(extrapolation, tmp_path, capsys):
+    """A scored variant asked for after its entry was recorded (the entry's checkpoint gone) trains the entry again;
+    its pair was read as "within one trained model" whatever that training gave (an audit: 2 threads against the
+    entry's 1, a final loss apart in the 7th digit). Trained alike (the same loss), it is paired; trained elsewhere
+    (here the entry's record as another machine would have written it), the variant is a failed run saying why."""
+    argv = ["--seeds", "1", "--out", str(tmp_path), "--progress", "none", "--threads", "1", "--cost-rounds", "0", *TOY]
+    extrapolation.main(["--schemes", "rel2d_full", *argv])
+    path = tmp_path / "study_extrapolation.json"
+    loss = json.loads(path.read_text())["runs"][0]["final_train_loss"]
+    state = extrapolation.main(["--schemes", "rel2d_full_interp", *argv])
+    interp = next(r for r in state["runs"] if r["scheme"] == "rel2d_full_interp")
+    assert interp["trained_as"] == "rel2d_full" and interp["final_train_loss"] == loss
+
+    data = json.loads(path.read_text())
+    data["runs"] = [r for r in data["runs"] if r["scheme"] == "rel2d_full"]
+    data["runs"][0]["final_train_loss"] = loss + 1e-6  # (the entry as trained on another machine)
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="1 run"):  # (a failed run: the study says so as it ends)
+        extrapolation.main(["--schemes", "rel2d_full_interp", *argv])
+    assert not [r for r in json.loads(path.read_text())["runs"] if r["scheme"] == "rel2d_full_interp"]
+    out = capsys.readouterr().out
+    assert "rel2d_full_interp: FAILED" in out and "trained again to score its variants, ended elsewhere" in out, out

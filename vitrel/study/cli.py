@@ -495,6 +495,9 @@ def _run(argv: list[str] | None, prog: str) -> dict:
             except Exception as e:  # this run's failure (build, NaN loss, out of memory): record it, go on
                 failed(arch, labels, seed, e)
                 continue
+            if trained not in labels and (why := retrained_apart(state, (arch, trained, seed), record)):
+                failed(arch, labels, seed, RuntimeError(why))  # (not paired with another training than its entry's)
+                labels = []
             for scheme in labels:
                 if scheme == trained:
                     rec, m = record, model
@@ -571,3 +574,22 @@ def _run(argv: list[str] | None, prog: str) -> dict:
             print(f"  {f['arch']} {f['scheme']} seed {f['seed']}: {f['error']} (traceback: {f['log']})")
         raise SystemExit(f"{len(bad)} run(s) of {name} failed; rerun the same command to retry them")
     return state
+
+
+def retrained_apart(state: dict, key: tuple[str, str, int], record: dict) -> str | None:
+    """Why scored variants of the entry ``key`` (arch, trained scheme, seed), trained again for them in a later
+    command (its run recorded, its checkpoint gone), cannot be paired with the recorded run: a training that ended
+    elsewhere (another final training loss: another device, thread count or code); None when it is the same one.
+    Paired, a variant's difference to its entry would hold two trainings' noise, where the study says it holds none
+    (an audit's: 2 threads against the entry's 1 gave a loss apart in the 7th digit)."""
+    prior = next((r for r in state["runs"] if (r["arch"], r["scheme"], r["seed"]) == key), None)
+    old, new = (prior or {}).get("final_train_loss"), record.get("final_train_loss")
+    if prior is None or old is None or new is None or old == new:
+        return None
+    arch, trained, seed = key
+    return (
+        f"{arch} {trained} seed {seed}, trained again to score its variants, ended elsewhere than its recorded run "
+        f"(final training loss {new!r} against {old!r}; on {state['machine']['description']}, the run's on "
+        f"{prior.get('machine')}): a scored variant is paired with its entry's own training; score it with the "
+        "entry's device and --threads, or retrain both in one command (--restart)"
+    )

@@ -279,10 +279,13 @@ def markdown(state: dict) -> str:
         inputs = (
             f"clips of {d['num_frames']} frames of {side}x{side}" if d.get("num_frames") else "images at their size"
         )
-    what = study.get("eval_notes") or (
-        "`unseen` = at held-out offsets, `_patch` / `_subpatch` = whole-patch / sub-patch moves only; `resN` = the "
-        "test canvas resized to NxN, zero-shot"
-    )
+    sets = list(study.get("evals") or ())
+    notes = {  # (the translation study's sets, each said where the recipe has it)
+        "`unseen` = at held-out offsets": any(e.startswith("unseen") for e in sets),
+        "`_patch` / `_subpatch` = whole-patch / sub-patch moves only": any(e.endswith("patch") for e in sets),
+        "`resN` = the test canvas resized to NxN, zero-shot": any(e.startswith("res") for e in sets),
+    }
+    what = study.get("eval_notes") or "; ".join(k for k, v in notes.items() if v)
     items = "clips as in training" if d.get("num_frames") else "images at the training offsets"
     lines = [
         f"# Position-scheme study on {study.get('dataset') or 'Fashion-MNIST'} (budget `{state['budget']}`)\n",
@@ -299,7 +302,7 @@ def markdown(state: dict) -> str:
         f"{cfg['module']['label_smoothing']}, no augmentation; "
         + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
         f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test {items} "
-        f"(`test`) and {n['ood_images']} others (`study.evals`: {what}"
+        f"(`test`) and another seeded {n['ood_images']} of the test split (`study.evals`: {what}"
         + (
             f"; `ft_{ft['eval']}` = after a fine-tune at {ft['img_size']}x{ft['img_size']}: "
             + " ".join(f"`{o}`" for o in ft["overrides"])

@@ -508,3 +508,19 @@ def test_attn_impl_set_on_a_swin_model_is_what_every_layer_runs(monkeypatch, arc
     with pytest.raises(ValueError, match="attn_impl='fold' folds a bias that factors"):
         m.attn_impl = "fold"  # the last stage has a layer fold cannot run: nothing changes
     assert m.attn_impl == "eager" and {a.attn_impl for a in _layers(m)} == {"eager"}
+
+
+@pytest.mark.parametrize("name", ["vitrel_vit_tiny_patch4_32", "vitrel_swin_tiny_patch2_window4_32"])
+def test_attn_impl_set_after_building_is_what_a_saved_model_loads_with(tmp_path, name):
+    """``model.attn_impl = "eager"`` changed every layer but not the configuration checkpoints store, so the saved
+    model loaded back as ``auto`` (an audit's); the kernel set is recorded, and a refused one records nothing."""
+    from vitrel.models.checkpoint import save_pretrained
+
+    m = vitrel.create_model(name, pos="rel2d_full", num_classes=3)
+    m.attn_impl = "eager"
+    assert m.vitrel_cfg["attn_impl"] == "eager"
+    save_pretrained(m, tmp_path / "m")
+    assert vitrel.load_model(tmp_path / "m").attn_impl == "eager"
+    with pytest.raises(ValueError):
+        m.attn_impl = "no_such_kernel"
+    assert m.vitrel_cfg["attn_impl"] == "eager"

@@ -1496,3 +1496,23 @@ def test_launch_configuration_is_one_frozen_object_per_device():
     assert fused.rel_bias_attention is rel_bias_attention is vitrel.kernels.triton.rel_bias_attention
     assert attend.TritonAtomicKernel is vitrel.kernels.get_kernel("triton_atomic")
     assert rope.rope_rotate is vitrel.kernels.triton.rope_rotate
+
+
+@pytest.mark.parametrize("impl", ["triton", "triton_atomic"])
+def test_a_flop_count_without_autograd_runs_at_the_built_grid(impl):
+    """Lightning's model summary counts FLOPs in a forward under ``no_grad`` (``FlopCounterMode``, whose module hooks
+    assert every tensor input needing grad has a ``grad_fn``): ``train.py pos=rel2d_full +model.attn_impl=triton``
+    stopped there on torch's ``Expected gradient function to be set`` (an audit's), since at the built grid the offset
+    table handed to the blocks was a view of the parameter made without autograd. It runs, as sdpa computes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    kw = dict(depth=1, pos="rel2d_full", img_size=8, num_classes=3)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_impl=impl, **kw).eval()
+    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_impl="sdpa", **kw).eval()
+    ref.load_state_dict(lively(m).state_dict())
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), FlopCounterMode(display=False) as count:
+        out = m(x)
+    assert count.get_total_flops() > 0
+    torch.testing.assert_close(out, ref(x).detach(), atol=1e-5, rtol=1e-5)

@@ -25,7 +25,7 @@ from vitrel.layers.attentive_pool import AttentivePool
 from vitrel.layers.mlp import ACTIVATIONS
 from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import check_late_prefix
-from vitrel.models.blocks import Block, BlockStack, check_shared
+from vitrel.models.blocks import Block, BlockStack, check_shared, record_attn_impl
 from vitrel.models.pooling import pool_tokens
 from vitrel.models.timm_surface import timm_attn_mask
 from vitrel.pos.registry import PosSpec, image_scheme
@@ -363,6 +363,7 @@ class SwinBody:
         for stage in self.layers:
             stage.attn_impl = impl
         self._attn_impl = impl
+        record_attn_impl(self, impl)
 
     @property
     def num_layers(self) -> int:

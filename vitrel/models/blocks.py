@@ -412,6 +412,15 @@ class BlockImpls:
         for blk in self.blocks:
             blk.attn.attn_impl = impl
         self._attn_impl = impl
+        record_attn_impl(self, impl)
+
+
+def record_attn_impl(model: Any, impl: str) -> None:
+    """A model's kernel set after it was built, into its configuration (``vitrel_cfg``, what checkpoints and exports
+    store and loading rebuilds); a part without one (a Swin stage) records nothing."""
+    cfg = getattr(model, "vitrel_cfg", None)
+    if isinstance(cfg, dict) and "attn_impl" in cfg:
+        cfg["attn_impl"] = impl
 
 
 class BlockStack(BlockImpls):

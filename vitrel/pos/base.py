@@ -373,6 +373,9 @@ class PositionScheme(nn.Module):
         _check_shape(self, "bias", fields.get("bias"), (n, n), "N = prefix + patches: pad_prefix adds the prefix's")
         axes = (1, *grid) if self.grid_dims == 3 and len(grid) == 2 else tuple(grid)  # (an image: one frame)
         _check_shape(self, "offset_table", fields.get("table"), tuple(2 * s - 1 for s in axes), "2s-1 offsets an axis")
+        if not torch.is_grad_enabled():  # (a view of a parameter made without autograd: torch's module hooks, the
+            # FLOP counter of Lightning's summary among them, assert on its missing grad_fn; nothing needs its gradient)
+            fields = {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in fields.items()}
         return fields
 
     def layout_bias(self, layout: TokenLayout, mask: Tensor) -> Tensor:

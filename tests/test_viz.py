@@ -230,6 +230,27 @@ def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
         viz.rope_similarity(build("rel2d_full"))
 
 
+def test_rope_similarity_under_yarn_at_a_larger_grid_is_still_a_cosine():
+    """YaRN's attention factor ``m`` scales cos and sin at a grid larger than the built one: the similarity came out
+    ``m^2`` times the cosine (1.49 at offset 0, half the picture clipped at 1; an audit's). It is the cosine of the
+    rotations' angles, from the equation: ``(2/d) sum_t cos(omega'_t dh)`` on the rows' pairs and the columns' (the
+    YaRN-scaled frequencies); and the frequency row of a learned scheme shows the frequencies in effect there."""
+    d, built, big = 16, Grid(4, 4), Grid(12, 12)
+    s = build("rope2d_axial", grid=built, heads=1, head_dim=d, scaling={"rope_type": "yarn", "factor": "auto"})
+    sim = viz.rope_similarity(s, big)
+    assert float(sim.abs().max()) <= 1 + 1e-6 and float(sim[0, 11, 11]) == pytest.approx(1.0, abs=1e-6)
+    w_r = s.axis_omega(0, d // 2, big, torch.float64)
+    w_c = s.axis_omega(1, d // 2, big, torch.float64)
+    for dh, dw in ((0, 3), (5, -2), (-7, 11)):
+        want = (torch.cos(w_r * dh).sum() + torch.cos(w_c * dw).sum()) / (d / 2)
+        assert float(sim[0, dh + 11, dw + 11]) == pytest.approx(float(want), abs=1e-5)
+    mixed = build("rope2d_mixed", grid=built, heads=2, head_dim=d, scaling={"rope_type": "linear", "factor": "auto"})
+    fig = viz.plot_pos_scheme(mixed, big)
+    dots = panels(fig)[2].collections[0].get_offsets()  # (row 2, head 0: (f_x, f_y) per pair)
+    want = mixed.scaled_freqs(mixed.freqs, big).detach()[:, 0].T.numpy()
+    np.testing.assert_allclose(np.asarray(dots), want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("block_size", [2, 4, "head"])
 def test_rope_similarity_of_liere_is_the_trace_of_its_rotations(block_size):
     # tr(R_i^T R_j) / d from the generators in float64 (dense d x d matrix exponentials), folded by offset with

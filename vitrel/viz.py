@@ -242,7 +242,9 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     For plane rotations ``(2/d) sum_t cos(theta_t(i) - theta_t(j))``: the cosine similarity of two patches' rotated
     queries and keys at offset ``(dh, dw)``, averaged over the content directions, on ``grid`` (default: the scheme's
     grid; a larger grid shows the offsets a model never saw in training). A scheme that is relative only
-    approximately (LieRE with blocks over 2) shows the mean over the pairs at each offset.
+    approximately (LieRE with blocks over 2) shows the mean over the pairs at each offset. Normalised by the patches'
+    own terms, ``sqrt(tr(R_i^T R_i) tr(R_j^T R_j))`` (``d`` for a rotation), so a scale a scheme puts on its
+    rotations (YaRN's attention factor ``m`` at a larger grid: ``m^2`` on every term) is not drawn as similarity.
     """
     _check_scheme(scheme, "rope_similarity")
     if not scheme.has_rotation:
@@ -257,7 +259,8 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
             u = u.expand(-1, heads, grid.n, d).contiguous()
             q, k = scheme.rotate(u, u.clone(), st)
             sim += (q.float() @ k.float().transpose(-2, -1)).sum(0)
-    return offset_profile(sim.cpu() / d, grid)
+    own = sim.diagonal(dim1=-2, dim2=-1).clamp_min(1e-12).sqrt()  # (sqrt(d) for a rotation: |R e_b| = 1)
+    return offset_profile((sim / (own[..., :, None] * own[..., None, :])).cpu(), grid)
 
 
 def rope_freqs(scheme: PositionScheme) -> Tensor | None:
@@ -338,6 +341,8 @@ def plot_pos_scheme(
         return _plot_frames(scheme, grid, title, max_heads, query)
     kernel = position_kernel(scheme, grid, query)[:max_heads].numpy()
     freqs = rope_freqs(scheme)
+    if freqs is not None and getattr(scheme, "scaling", None) is not None:  # (those in effect on this grid)
+        freqs = scheme.scaled_freqs(freqs.to(scheme.freqs), grid).detach().float().cpu()
     panels = kernel.shape[0]
     rows = 2 if freqs is not None else 1
     fig = new_figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)

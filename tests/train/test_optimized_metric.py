@@ -22,6 +22,8 @@ RUN = [*TINY_VIT, *FAST, "logger=none", "trainer.max_steps=2", "trainer.limit_va
     [
         (["optimized_metric=val/acc"], "optimized_metric=val/acc is not a metric this run logs: one of "),
         (["optimized_metric=test/acc1", "test=false"], "test/acc1 is not a metric this run logs (test=false"),
+        # mixed targets log no training accuracy: the run trained, then failed on a KeyError (an audit's)
+        (["optimized_metric=train/acc1", "module/mixup=default", "data.drop_last=true"], "train/acc1 is not a metric"),
     ],
 )
 def test_a_metric_the_run_does_not_log_is_refused_before_it_trains(tmp_path, extra, said):

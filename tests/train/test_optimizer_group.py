@@ -53,3 +53,33 @@ def test_eval_py_refuses_a_split_it_does_not_score_before_reading_anything(tmp_p
     missing.write_bytes(b"")  # (never read: the split is refused first)
     with pytest.raises(ConfigError, match=r"^split=train: eval.py scores split=test \(the default\) or split=val$"):
         evaluate(compose(tmp_path / "eval", [f"ckpt_path={missing}", "split=train"], config_name="eval"))
+
+
+def test_an_epochs_last_partial_accumulation_window_steps_on_its_own_mean_gradient(tmp_path):
+    """``trainer.accumulate_grad_batches=2`` over 3 batches: the epoch's last window holds one batch, and Lightning
+    divided its loss by 2, so that step took half its gradient (an audit's, with SGD: 0.5000), where timm's
+    ``train.py`` divides the last window by its own length. The gradient stepped equals the gradient of that batch's
+    mean loss, recomputed here from the weights and the batch."""
+    import lightning as L
+    import torch.nn.functional as F
+
+    class Grads(L.Callback):
+        want = got = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 2:  # (the last window's one batch, at the weights it is trained at)
+                x, y = batch
+                head = pl_module.model.head.weight
+                loss = F.cross_entropy(pl_module(x).float(), y, label_smoothing=pl_module.label_smoothing)
+                self.want = torch.autograd.grad(loss, head)[0].clone()
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if trainer.global_step == 1:
+                self.got = pl_module.model.head.weight.grad.clone()
+
+    over = [*TINY_VIT, *FAST, *SHORT[3:], "trainer.max_epochs=1", "trainer.limit_train_batches=3"]
+    over += ["trainer.limit_val_batches=1", "trainer.accumulate_grad_batches=2", "module/optimizer=sgd"]
+    over += ["trainer.gradient_clip_val=null", "data.augment=false"]
+    grads = Grads()
+    train(compose(tmp_path, over), callbacks=[grads])
+    torch.testing.assert_close(grads.got, grads.want, rtol=1e-4, atol=1e-7)

@@ -71,6 +71,7 @@ from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import attn_pool_uncounted, count_cpu_attention
 from vitrel.train.freeze import check_unfreeze_ranks
 from vitrel.train.freeze import freeze_backbone as freeze_backbone_of
+from vitrel.train.loop_rules import window_scale
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.module_checkpoint import load_extras, save_extras
 from vitrel.train.module_load import module_parts
@@ -109,8 +110,7 @@ COMPILE_LAYOUT = (
 
 #: why a model with FlexAttention gets no example input (so no FLOPs in Lightning's model summary)
 SUMMARY_FLEX = (
-    "model summary: no FLOPs counted: attn_impl='flex' (compiled FlexAttention) does not run under torch's "
-    "FlopCounterMode, which counts them"
+    "model summary: no FLOPs counted: attn_impl='flex' (compiled FlexAttention) does not run under FlopCounterMode"
 )
 
 
@@ -124,8 +124,7 @@ class ClassifierModule(L.LightningModule):
             :func:`~vitrel.train.optim.param_groups`; the decay group takes its ``weight_decay``.
         scheduler: None (constant rate) or ``scheduler(optimizer, **run_length)`` -> a torch LR
             scheduler stepped every optimizer step, e.g. ``functools.partial(vitrel.train.optim.warmup_cosine,
-            warmup_epochs=1, min_lr=1e-5)``; ``total_steps`` and ``steps_per_epoch`` are passed when it
-            takes them.
+            warmup_epochs=1, min_lr=1e-5)``; ``total_steps`` and ``steps_per_epoch`` are passed when it takes them.
         num_classes: number of classes (metrics, mixup targets); default ``model.num_classes``.
         label_smoothing: for the cross-entropy (also applied to mixup targets).
         mixup: None, or ``mixup(num_classes=..., label_smoothing=...)`` -> timm ``Mixup``, e.g.
@@ -257,7 +256,8 @@ class ClassifierModule(L.LightningModule):
         """The names a fit of this module (and, with ``test``, its test) may put in ``trainer.callback_metrics``,
         what ``train.py``'s ``optimized_metric`` may name (checked before the fit); Lightning names a value logged
         per step and per epoch also with ``_step`` / ``_epoch``. A subclass that logs more extends the list."""
-        names = [f"train/{m}{end}" for m in ("loss", "padding") for end in ("", "_step", "_epoch")] + ["train/acc1"]
+        names = [f"train/{m}{e}" for m in ("loss", "padding") for e in ("", "_step", "_epoch")]  # (acc1: not mixed)
+        names += ["train/acc1"] * (self.mixup_fn is None)
         for stage in ("val", "test") if test else ("val",):
             names += [f"{stage}/loss", f"{stage}/acc1"] + ([f"{stage}/acc5"] if self.top_k is not None else [])
         return names
@@ -363,7 +363,7 @@ class ClassifierModule(L.LightningModule):
             else:
                 self.train_padding(padding, weight=n)
                 self.log("train/padding", self.train_padding, on_step=True, on_epoch=True, batch_size=n)
-        return loss
+        return loss * window_scale(self.trainer, batch_idx)  # (an epoch's last, partial window: its own mean)
 
     def mix(self, x: Tensor | dict, y: Tensor) -> tuple[Tensor | dict, Tensor]:
         """The batch ``(x, y)`` mixed by ``mixup`` as the training step mixes it (:mod:`vitrel.train.mixing`): the

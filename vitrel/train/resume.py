@@ -242,10 +242,11 @@ def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None,
         what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, now {b.get(k, none)}" for k in others)
         rank_zero_warn(
             f"resuming {where}, trained with other settings ({what}): the resumed run keeps the checkpoint's "
-            "weights, optimizer state and rates (Lightning's resume), so a rate, decay or warmup given now does not "
-            "apply, while the run folder's .hydra/config.yaml records it; the run's length does (max_epochs, and the "
-            "steps an epoch: the schedule goes on from where the epochs done put it). resume=false starts over in "
-            "this folder; model=from_checkpoint model.path=<it> starts a new run from its weights."
+            "weights, optimizer state and rates (Lightning's resume), so a rate or decay given now does not apply (a "
+            "warmup's length does: the schedule is rebuilt with it), while the run folder's .hydra/config.yaml "
+            "records it; the run's length does (max_epochs, and the steps an epoch: the schedule goes on from where "
+            "the epochs done put it). resume=false starts over in this folder; model=from_checkpoint "
+            "model.path=<it> starts a new run from its weights."
         )
     if not differ:
         return

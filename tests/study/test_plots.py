@@ -139,3 +139,15 @@ def test_study_plots_mark_rows_with_fewer_seeds():
     assert names == ["none", "ape (1 of 3 seeds)", "rel2d_full"]
     names = [t.get_text() for t in panels(plots.plot_study_diffs(rows, metrics=["test_acc"]))[0].get_yticklabels()]
     assert names == ["ape (1 of 3 seeds)", "rel2d_full"]
+
+
+def test_plot_study_marks_throughput_not_timed_in_turns():
+    """A row without ``bench_img_s`` (added with ``--cost-rounds 0``) drew its runs' own throughput as a bar like
+    the others, measured another way (the same model: 2143 against 1688 img/s, an audit's), unmarked; the report
+    marks it ``*``. It is hatched and named in a legend."""
+    rows = [r for r in _summary() if r["arch"] == "vit"]
+    rows[0]["bench_img_s"], rows[1]["bench_img_s"] = 400.0, 390.0  # (rel2d_full: its own steps only)
+    ax2 = panels(plots.plot_study(rows))[1]
+    bars = [(p.get_width(), p.get_hatch()) for p in ax2.patches if p.get_width() == p.get_width()]
+    assert sorted(bars, key=str) == sorted([(400.0, None), (390.0, None), (480.0, "///")], key=str)
+    assert [t.get_text() for t in ax2.get_legend().get_texts()] == ["timed in turns", "own steps (*)"]

@@ -129,7 +129,11 @@ def plot_study(
             fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(metrics) + 1, loc="outside lower center")
         ax2 = axes[a_i, 1]
         thr = np.array([float(r.get("bench_img_s") or r.get("train_img_s_mean") or math.nan) for r in sub])
-        ax2.barh(y, thr, color="0.6")
+        own = np.array([not r.get("bench_img_s") for r in sub])  # (not timed in turns: the runs' own steps, as the
+        ax2.barh(y, np.where(own, np.nan, thr), color="0.6", label="timed in turns")  # report's *: not comparable)
+        if own.any():
+            ax2.barh(y, np.where(own, thr, np.nan), color="white", edgecolor="0.4", hatch="///", label="own steps (*)")
+            ax2.legend(fontsize=6, loc="lower right")
         ax2.set_yticks(y, [])
         ax2.invert_yaxis()
         ax2.set_xlabel("train images / s", fontsize=8)

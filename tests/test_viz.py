@@ -457,6 +457,11 @@ def test_plot_attention_maps_axes():
     assert len(panels(viz.plot_attention_maps(x, maps, labels=["a", "b", "c"], max_heads=2))) == 3 * 4
     with pytest.raises(ValueError):
         viz.plot_attention_maps(x, maps[:2])
+    # a 30 px image in patches of 4 (dynamic_img_pad): an 8 x 8 grid covering 32 px, each cell 4 px wide, not the
+    # 3.75 px of the grid stretched over the image (an audit's: the last cells 1.75 px off)
+    fig = viz.plot_attention_maps(torch.randn(1, 1, 30, 30), torch.rand(1, 2, 8, 8))
+    overlay = panels(fig)[1].get_images()[1]
+    assert overlay.get_extent() == [-0.5, 31.5, 31.5, -0.5] and panels(fig)[1].get_xlim() == (-0.5, 29.5)
 
 
 def test_plot_packed_batch_draws_rows_images_and_the_block_diagonal_mask():

@@ -550,7 +550,8 @@ def plot_attention_maps(
     fig = new_figure(1.5 * cols + 0.4, 1.55 * b + 0.4)
     axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
     ih, iw = images.shape[-2:]
-    ext = (-0.5, iw - 0.5, ih - 0.5, -0.5)
+    ph, pw = -(-ih // maps.shape[-2]), -(-iw // maps.shape[-1])  # patch sides (a padded grid passes the image)
+    ext = (-0.5, maps.shape[-1] * pw - 0.5, maps.shape[-2] * ph - 0.5, -0.5)
     for i in range(b):
         img = as_image(images[i])
         m = maps[i].float().cpu().numpy()
@@ -558,6 +559,8 @@ def plot_attention_maps(
         axes[i, 0].set_title(labels[i] if labels is not None else f"image {i}", fontsize=7)
         axes[i, 1].imshow(img, cmap="gray" if img.ndim == 2 else None)
         axes[i, 1].imshow(m.mean(0), cmap="inferno", alpha=0.6, extent=ext, interpolation="nearest")
+        axes[i, 1].set_xlim(-0.5, iw - 0.5)  # (the image's frame: the padding's cells cut at its edge)
+        axes[i, 1].set_ylim(ih - 0.5, -0.5)
         axes[i, 1].set_title("mean over heads", fontsize=7)
         for h in range(heads):
             axes[i, 2 + h].imshow(m[h], cmap="inferno", interpolation="nearest")

@@ -83,3 +83,15 @@ def test_an_epochs_last_partial_accumulation_window_steps_on_its_own_mean_gradie
     grads = Grads()
     train(compose(tmp_path, over), callbacks=[grads])
     torch.testing.assert_close(grads.got, grads.want, rtol=1e-4, atol=1e-7)
+
+
+def test_a_resume_under_another_optimizer_is_refused_naming_it(tmp_path):
+    """An AdamW run resumed with ``module/optimizer=sgd``: Lightning loaded AdamW's state into SGD, which failed at
+    its first step on ``KeyError: 'momentum'`` (an audit's). Refused before the fit, naming both; the same optimizer
+    resumes as before."""
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT]))
+    again = [*TINY_VIT, *FAST, *SHORT[1:], "trainer.max_epochs=2"]
+    with pytest.raises(ValueError, match=r"optimizer state has no 'momentum', the configured SGD takes it"):
+        train(compose(tmp_path, [*again, "module/optimizer=sgd"]))
+    train(compose(tmp_path, again))
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 1

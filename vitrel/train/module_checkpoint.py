@@ -7,13 +7,14 @@ the ranks; older checkpoints' layouts read (:func:`save_extras` and :func:`load_
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = ["load_extras", "save_extras"]
+__all__ = ["check_same_optimizer", "load_extras", "save_extras"]
 
 _EMA = "ema_model."
 
@@ -44,6 +45,7 @@ def load_extras(module: LightningModule, checkpoint: dict[str, Any]) -> None:
     without the training metrics' totals (vitrel <= 0.2) starts them from zero. The totals are the whole run's
     (summed over its ranks): under DDP rank 0 takes them and the other ranks start from zero, so that the epoch's
     sum over the ranks counts each batch once, whatever the number of ranks before."""
+    check_same_optimizer(module, checkpoint)
     sd = checkpoint.get("state_dict")
     if not isinstance(sd, dict):
         return
@@ -74,3 +76,23 @@ def _rank() -> int:
     trainer is attached, and the hooks also run without one)."""
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def check_same_optimizer(module: LightningModule, checkpoint: dict[str, Any]) -> None:
+    """Refuse, before the fit, a resume whose checkpoint holds another kind of optimizer than the one configured
+    (SGD's ``momentum`` against AdamW's ``betas``): Lightning loads its state into the configured one, which failed
+    at the first step on ``KeyError: 'momentum'`` (an audit's). A ``ValueError`` naming both and the ways out."""
+    states, make = checkpoint.get("optimizer_states") or [], getattr(module, "make_optimizer", None)
+    groups = (states[0].get("param_groups") or [{}]) if states and isinstance(states[0], dict) else [{}]
+    target = make.func if isinstance(make, functools.partial) else make
+    if not isinstance(target, type) or not groups[0]:
+        return
+    probe = make(params=[torch.nn.Parameter(torch.zeros(1))]).defaults
+    kinds = [k for k in ("momentum", "betas") if (k in probe) != (k in groups[0])]
+    if kinds:
+        raise ValueError(
+            f"the checkpoint's optimizer state has {'no ' * (kinds[0] in probe)}{kinds[0]!r}, the configured "
+            f"{target.__name__} {'takes' if kinds[0] in probe else 'takes no'} it: another optimizer (a resume "
+            "restores the checkpoint's); resume with its module/optimizer, or start a new run from its weights "
+            "(resume=false, or model=from_checkpoint model.path=<it>)"
+        )

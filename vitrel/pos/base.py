@@ -241,20 +241,14 @@ class PositionScheme(nn.Module):
         return None
 
     def draw(self) -> Tensor | None:
-        """The random draw of one forward for a scheme that augments its positions in training (DINOv3's coordinate
-        augmentation), shared by every image and block of the forward; None for a scheme without one."""
+        """A forward's random draw (DINOv3's coordinate augmentation), shared by its images and blocks; or None."""
         return None
 
     def rotation(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None, draw=None
     ) -> tuple[Tensor, Tensor] | None:
-        """RoPE's ``(cos, sin)`` for ``grid`` (what ``rotate`` applies), or None. ``draw``: the forward's random
-        draw a scheme that augments its positions in training shares between the blocks (None: its own)."""
+        """RoPE's ``(cos, sin)`` for ``grid`` (what ``rotate`` applies), or None; ``draw``: :meth:`draw`'s."""
         return None
-
-    def _rotation(self, grid: Grid, p: int, device: Any, dtype: Any, draw: Tensor | None) -> Any:
-        """:meth:`rotation`, given ``draw`` only where the scheme drew one (a scheme of one's own need not take it)."""
-        return self.rotation(grid, p, device, dtype) if draw is None else self.rotation(grid, p, device, dtype, draw)
 
     def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
         """``q, k [B, heads, N, d]`` rotated by the state's ``rope`` (``has_rotation``), or ``(q, k)`` without one. The
@@ -346,15 +340,14 @@ class PositionScheme(nn.Module):
         :func:`vitrel.kernels.resolve` chooses for ``attn_impl``); a kernel that cannot run the scheme raises here. With
         None the state holds the dense bias (what ``sdpa``, ``eager`` and ``shaw`` read) and no kernel: the attention
         layer it is given to binds it to its own (:meth:`bind`). ``grid``: a grid or a
-        :class:`~vitrel.layout.tokens.TokenLayout`. ``draw``: the forward's random draw, shared by the blocks
-        (:meth:`rotation`).
+        :class:`~vitrel.layout.tokens.TokenLayout`. ``draw``: the forward's random draw (:meth:`draw`).
         """
         self.check_kernel(kernel)
         draw = self.draw() if draw is None else draw  # (one for the forward: every image of a layout too)
         if isinstance(grid, TokenLayout):
             return self._prepare_layout(grid, device, dtype, kernel, draw=draw)
         grid, p = self.check_grid(grid), num_prefix_tokens
-        rope = self._rotation(grid, p, device, dtype, draw)
+        rope = self.rotation(grid, p, device, dtype, *([draw] if draw is not None else []))  # (own schemes: no draw)
         return PosState(self, grid, p, rope=rope, kernel=kernel, **self.kernel_inputs(kernel, grid, p))
 
     def check_kernel(self, kernel: KernelLike | None) -> None:
@@ -373,8 +366,7 @@ class PositionScheme(nn.Module):
         _check_shape(self, "bias", fields.get("bias"), (n, n), "N = prefix + patches: pad_prefix adds the prefix's")
         axes = (1, *grid) if self.grid_dims == 3 and len(grid) == 2 else tuple(grid)  # (an image: one frame)
         _check_shape(self, "offset_table", fields.get("table"), tuple(2 * s - 1 for s in axes), "2s-1 offsets an axis")
-        if not torch.is_grad_enabled():  # (a view of a parameter made without autograd: torch's module hooks, the
-            # FLOP counter of Lightning's summary among them, assert on its missing grad_fn; nothing needs its gradient)
+        if not torch.is_grad_enabled():  # (a parameter's view made so has no grad_fn: torch's module hooks assert)
             fields = {k: v.detach() if isinstance(v, Tensor) and v.requires_grad else v for k, v in fields.items()}
         return fields
 
@@ -441,7 +433,8 @@ class PositionScheme(nn.Module):
         grids = layout.grids
         extent = Grid(max(g.h for g in grids), max(g.w for g in grids))
         mask = segment_mask(layout, dtype or torch.float32)
-        rots = [self._rotation(g, p, device, dtype, draw) for g in grids] if rope is None else [None]
+        given = [draw] if draw is not None else []  # (a scheme of one's own need not take it)
+        rots = [self.rotation(g, p, device, dtype, *given) for g in grids] if rope is None else [None]
         if rots[0] is not None:
             axes = self.rotation_axes(rots[0])
             rope = tuple(
@@ -481,9 +474,8 @@ class PositionScheme(nn.Module):
         dtype: torch.dtype | None = None,
         kernels: Sequence[KernelLike | None] | None = None,
     ) -> list[PosState]:
-        """The states of a model's blocks' own schemes for one forward, ``kernels[i]`` the kernel of block ``i``'s
-        attention (None: the dense states of :meth:`prepare`): runs of schemes of one class and one kernel prepared
-        together (``prepare_many``), on a grid or a :class:`~vitrel.layout.tokens.TokenLayout`."""
+        """The states of a model's blocks' own schemes for one forward (a grid or a ``TokenLayout``), ``kernels[i]``
+        block ``i``'s kernel (None: :meth:`prepare`'s dense states): runs of a class and kernel by ``prepare_many``."""
         kernels = [None] * len(schemes) if kernels is None else list(kernels)
         if len(kernels) != len(schemes):
             raise ValueError(f"{len(schemes)} schemes and {len(kernels)} kernels")

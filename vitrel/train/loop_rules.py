@@ -116,12 +116,16 @@ def fit_steps(trainer: L.Trainer) -> float:
     return trainer.global_step + (trainer.max_epochs - trainer.current_epoch) * per_epoch
 
 
-def window_scale(trainer: L.Trainer, batch_idx: int) -> float:
-    """The factor on training batch ``batch_idx``'s loss that makes an epoch's last, partial accumulation window step
-    on its own batches' mean gradient: Lightning divides every loss by ``accumulate_grad_batches`` (``k``), so a last
-    window of ``r < k`` batches stepped on ``r / k`` of it (an audit's: 0.5 with ``k = 2``), where timm's
-    ``train.py`` divides by ``r``. ``k / r`` in that window; 1 elsewhere, and where the epoch's length is not known
-    or the strategy accumulates itself (DeepSpeed)."""
+def window_scale(module: L.LightningModule, batch_idx: int) -> float:
+    """The factor on ``module``'s loss of training batch ``batch_idx`` that makes an epoch's last, partial
+    accumulation window step on its own batches' mean gradient: Lightning divides every loss by
+    ``accumulate_grad_batches`` (``k``), so a last window of ``r < k`` batches stepped on ``r / k`` of it (an audit's:
+    0.5 with ``k = 2``), where timm's ``train.py`` divides by ``r``. ``k / r`` in that window; 1 elsewhere, where the
+    epoch's length is not known, where the strategy accumulates itself (DeepSpeed), and without a trainer."""
+    try:
+        trainer = module.trainer
+    except RuntimeError:  # (not attached to a Trainer: a step called by hand)
+        return 1.0
     k, n = trainer.accumulate_grad_batches, trainer.num_training_batches
     if k <= 1 or math.isinf(n) or trainer.strategy.handles_gradient_accumulation:
         return 1.0

@@ -363,7 +363,7 @@ class ClassifierModule(L.LightningModule):
             else:
                 self.train_padding(padding, weight=n)
                 self.log("train/padding", self.train_padding, on_step=True, on_epoch=True, batch_size=n)
-        return loss * window_scale(self.trainer, batch_idx)  # (an epoch's last, partial window: its own mean)
+        return loss * window_scale(self, batch_idx)  # (an epoch's last, partial window: its own mean)
 
     def mix(self, x: Tensor | dict, y: Tensor) -> tuple[Tensor | dict, Tensor]:
         """The batch ``(x, y)`` mixed by ``mixup`` as the training step mixes it (:mod:`vitrel.train.mixing`): the

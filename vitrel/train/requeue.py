@@ -37,21 +37,23 @@ def newest_checkpoint(last: Path, root: str | Path) -> Path | None:
     to the fit, and then without comparing it with ``last.ckpt`` and without vitrel's checks: passed here, it gets
     them. A requeue file saved in the middle of a step or a validation (:func:`mid_step`) is passed over, with a
     warning: resumed, it skipped a batch or that validation and set the schedule an epoch back (an audit's)."""
-    found = [last] if last.is_file() else []
+    steps: dict[Path, int | None] = {last: None} if last.is_file() else {}  # (last.ckpt's read only if compared)
     for p in reversed(requeue_checkpoints(root)):
-        ckpt = load_keys(p)
+        ckpt = load_keys(p)  # (read once: where it was saved, and its step)
         why = mid_step(ckpt)
         if why is None:
-            found.append(p)
+            steps[p] = int(ckpt.get("global_step", -1))
             continue
         rank_zero_warn(
             f"{p.name}, Lightning's SLURM requeue checkpoint of step {ckpt.get('global_step')}, was saved {why}: a run "
             "resumed from it would not continue as the run did; passed over for "
             + (f"{last} (step {_global_step(last)})" if last.is_file() else "a start from scratch")
         )
-    if len(found) < 2:
-        return found[0] if found else None
-    return max(found, key=_global_step)  # (the first of equals: last.ckpt, then the higher n)
+    if len(steps) < 2:
+        return next(iter(steps), None)
+    if last in steps:
+        steps[last] = _global_step(last)
+    return max(steps, key=lambda p: steps[p])  # (the first of equals: last.ckpt, then the higher n)
 
 
 def mid_step(ckpt: Mapping[str, Any]) -> str | None:
